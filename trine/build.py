@@ -1,0 +1,217 @@
+"""From config sections to objects: the wiring that ``loop.py`` runs.
+
+Every component receives only its own section's values as plain keyword arguments.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from trine import registry
+from trine.config import RunConfig, TasksetConfig
+
+
+@dataclass
+class Stage:
+    """Everything one stage of a run needs, built from its config."""
+
+    cfg: RunConfig
+    algorithm: Any
+    trainer: Any
+    scheduler: Any
+    eval_sets: list[Any]
+    buffer: Any = None
+    engine: Any = None
+    explorer: Any = None
+    eval_explorer: Any = None
+    """Explorer over the trainer's own weights (the explorer itself unless it samples a snapshot)."""
+    sync: Any = None
+    gate: Any = field(default_factory=threading.Lock)
+    """Held by the explorer while it explores a batch; taken to checkpoint a consistent state."""
+    total_steps: int = 0
+    step: int = 0
+    """Steps of this stage already done (non-zero after a resume)."""
+    pending: list[tuple[int, int, dict[str, float]]] = field(default_factory=list)
+    """Explored batches not yet trained: (batch index, experiences, explorer metrics)."""
+
+
+def run_dir_of(cfg: RunConfig) -> Path:
+    return Path(cfg.run_dir) if cfg.run_dir else Path("runs") / cfg.name
+
+
+def write_config(run_dir: Path, stages: list[RunConfig]) -> None:
+    """Write the resolved config (every stage, every default) into the run directory."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dumped = [s.model_dump(mode="json", exclude={"stages"}) for s in stages]
+    data = dumped[0] if len(dumped) == 1 else {"stages": dumped}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def write_status(run_dir: Path, state: str, **details: Any) -> None:
+    """``status.json``: running / failed (with the error) / finished."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "status.json").write_text(json.dumps({"state": state, **details}, indent=2, default=str))
+
+
+def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
+    """Load the model and tokenizer (building a tiny preset model first if asked)."""
+    from trine.models import init_model, load_model, load_tokenizer
+    from trine.models.loading import resolve_device
+
+    m = cfg.model
+    if path is None and m.init_preset and not Path(m.path).exists():
+        init_model(m.init_preset, m.path, seed=cfg.seed)
+    source = path or m.path
+    device = resolve_device(m.device)
+    model = load_model(source, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code)
+    tokenizer = load_tokenizer(path or m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    return model, tokenizer
+
+
+def build_algorithm(cfg: RunConfig) -> Any:
+    a = cfg.algorithm
+    preset = registry.resolve("algorithm", a.name)
+    overrides = a.model_dump(exclude={"name"})
+    return preset.with_overrides(**overrides)
+
+
+def build_taskset(ts: TasksetConfig) -> Any:
+    from trine.tasks import TaskSet
+
+    kwargs = ts.model_dump(exclude={"response_key"})
+    kwargs["sampling"] = ts.sampling.model_dump()
+    return TaskSet(**kwargs)
+
+
+def total_steps_of(cfg: RunConfig, taskset_size: int) -> int:
+    t = cfg.tasks
+    if t.total_steps is not None:
+        return t.total_steps
+    return (taskset_size * t.epochs + t.batch_size - 1) // t.batch_size
+
+
+def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> Stage:
+    """Build the trainer, task scheduler, buffer and explorer of one stage around ``model``."""
+    from trine.tasks import TaskScheduler
+    from trine.trainer import Trainer
+
+    algorithm = build_algorithm(cfg)
+    train_set = build_taskset(cfg.tasks.train)
+    total = total_steps_of(cfg, len(train_set))
+    epochs = cfg.tasks.epochs if cfg.tasks.total_steps is None else None
+    scheduler = TaskScheduler(train_set, shuffle=cfg.tasks.shuffle, seed=cfg.seed, epochs=epochs)
+    ref_model = _frozen_copy(model) if algorithm.needs_ref else None
+    t = cfg.trainer
+    trainer = Trainer(
+        model, algorithm, pad_token_id=tokenizer.pad_token_id, ref_model=ref_model,
+        lr=t.lr, weight_decay=t.weight_decay, betas=t.betas, eps=t.eps, lr_schedule=t.lr_schedule,
+        warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio, total_steps=total, grad_clip=t.grad_clip,
+        micro_batch_tokens=t.micro_batch_tokens, mini_batches=t.mini_batches, update_epochs=t.update_epochs,
+        recompute_logprobs=t.recompute_logprobs, max_response_length=cfg.tasks.train.sampling.max_tokens,
+        seed=cfg.seed,
+    )
+    stage = Stage(cfg=cfg, algorithm=algorithm, trainer=trainer, scheduler=scheduler, total_steps=total,
+                  eval_sets=[build_taskset(e) for e in cfg.tasks.eval])
+    if cfg.mode == "sync" or stage.eval_sets:
+        _build_explorer(stage, model, tokenizer, run_dir)
+    if cfg.mode == "sync" and cfg.sync.sync_offset > 0 and stage.eval_sets:
+        stage.eval_explorer = _explorer(cfg, HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size,
+                                                      seed=cfg.seed), None)
+    return stage
+
+
+def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> None:
+    from trine.sync import SharedWeights, StateDictCopy
+
+    cfg = stage.cfg
+    snapshot = cfg.mode == "sync" and cfg.sync.sync_offset > 0
+    rollout_model = _frozen_copy(model) if snapshot else model
+    stage.engine = HFEngine(rollout_model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
+    stage.sync = StateDictCopy() if snapshot else SharedWeights()
+    rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
+    stage.explorer = stage.eval_explorer = _explorer(cfg, stage.engine, rollouts)
+    stage.buffer = registry.resolve("storage", cfg.buffer.storage)()
+
+
+def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None) -> Any:
+    from trine.explorer import Explorer
+
+    e = cfg.explorer
+    return Explorer(engine, timeout=e.timeout, max_retries=e.max_retries, max_concurrency=e.max_concurrency,
+                    reward_timeout=e.reward_timeout, rollouts_path=rollouts)
+
+
+def HFEngine(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (lazy import of the engine class)
+    from trine.models.engine import HFEngine as cls
+
+    return cls(*args, **kwargs)
+
+
+def _frozen_copy(model: Any) -> Any:
+    copied = copy.deepcopy(model)
+    copied.eval()
+    copied.requires_grad_(False)
+    return copied
+
+
+def sft_experiences(tasks: list[Any], tokenizer: Any, response_key: str | None) -> list[Any]:
+    """Supervised experiences (kind="sft") from tasks: the chat prompt, then the target response."""
+    from trine.models.chat import encode_sft
+    from trine.types import Experience
+
+    out = []
+    for task in tasks:
+        target = task.raw.get(response_key) if response_key else task.answer
+        if target is None:
+            raise ValueError(f"task {task.task_id} has no target response for supervised training; set "
+                             f"tasks.train.response_key or answer_key to a field present in the data.")
+        tokens, prompt_length = encode_sft(tokenizer, task.messages(), str(target))
+        out.append(Experience(tokens=tokens, prompt_length=prompt_length, kind="sft", task_id=task.task_id,
+                              action_mask=[1] * (len(tokens) - prompt_length), reward=0.0))
+    return out
+
+
+def stage_state(stage: Stage) -> dict[str, Any]:
+    """What a checkpoint needs besides weights and trainer state (call with ``stage.gate`` held)."""
+    state: dict[str, Any] = {"stage_step": stage.step, "scheduler": stage.scheduler.state_dict(),
+                             "pending": list(stage.pending)}
+    if stage.engine is not None:
+        state["buffer"] = stage.buffer.state_dict()
+        state["engine"] = stage.engine.state_dict()
+        if stage.engine.model is not stage.trainer.model:  # a snapshot: keep its weights and pushed versions
+            state["engine_weights"] = {k: v.detach().cpu().clone() for k, v in stage.engine.model.state_dict().items()}
+            state["sync"] = stage.sync.state_dict()
+    return state
+
+
+def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, Any]) -> None:
+    """Put a freshly built stage back where a checkpoint left it."""
+    stage.trainer.load_state_dict(trainer_state)
+    stage.step = state["stage_step"]
+    stage.scheduler.load_state_dict(state["scheduler"])
+    stage.pending = list(state["pending"])
+    if stage.engine is not None:
+        stage.buffer.load_state_dict(state["buffer"])
+        stage.engine.load_state_dict(state["engine"])
+        if "engine_weights" in state:
+            stage.engine.model.load_state_dict(state["engine_weights"])
+            stage.sync.load_state_dict(state["sync"])
+        else:
+            stage.engine.policy_version = stage.trainer.version
+
+
+def describe(stage: Stage) -> dict[str, Any]:
+    return {"stage": stage.cfg.stage, "algorithm": asdict(stage.algorithm), "total_steps": stage.total_steps}
+
+
+def set_threads(n: int | None) -> None:
+    if n:
+        torch.set_num_threads(n)

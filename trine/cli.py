@@ -1,0 +1,121 @@
+"""``trine`` command line. Heavy modules are imported inside the commands so ``--help`` is instant."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Trine: reinforcement fine-tuning of language models (explorer → buffer → trainer).")
+
+PLUGIN_HELP = "Python file(s) to load first; their @trine.register(...) plugins become valid names."
+
+
+def _load(config: Path, overrides: list[str], plugins: list[Path]) -> list[Any]:
+    from trine.config import ConfigError, load_config
+    from trine.registry import load_plugin
+
+    for plugin in plugins:
+        load_plugin(plugin)
+    try:
+        return load_config(config, overrides)
+    except ConfigError as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(
+    config: Path = typer.Argument(..., help="YAML config file."),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Check a config and report every error at once."""
+    stages = _load(config, overrides or [], plugin)
+    names = ", ".join(s.stage for s in stages)
+    typer.secho(f"{config}: OK ({len(stages)} stage(s): {names})", fg=typer.colors.GREEN)
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="YAML config file."),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Run a config: every stage in order, resuming from the run directory's last checkpoint."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    stages = _load(config, overrides or [], plugin)
+    from trine.loop import run as run_stages
+
+    summary = run_stages(stages)
+    print_summary(summary)
+
+
+@app.command("init-model")
+def init_model(
+    preset: str = typer.Argument(..., help="tiny-0.5m, tiny-1m, tiny-5m or tiny-30m."),
+    out_dir: Path = typer.Argument(..., help="Directory to write the HF-format model into."),
+    seed: int = typer.Option(0, help="Initialisation seed."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing directory."),
+) -> None:
+    """Build a tiny Qwen2-architecture model and byte-level BPE tokenizer locally."""
+    from trine.models import count_parameters, init_model as build, load_model
+
+    try:
+        path = build(preset, out_dir, seed=seed, overwrite=overwrite)
+    except (ValueError, FileExistsError) as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    params = count_parameters(load_model(path))
+    typer.echo(f"wrote {preset} ({params / 1e6:.2f}M parameters) to {path}")
+
+
+@app.command()
+def plot(run_dir: Path = typer.Argument(..., help="A run directory holding metrics.jsonl.")) -> None:
+    """Write PNG curves (reward, eval accuracy, loss, response length) into RUN_DIR/plots."""
+    from trine.monitor.plot import plot_run
+
+    try:
+        paths = plot_run(run_dir)
+    except FileNotFoundError as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    for path in paths:
+        typer.echo(str(path))
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """The table printed at the end of a run: evaluation before/after each stage, time, paths."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Trine run summary")
+    for col in ("stage", "metric", "start", "end", "seconds"):
+        table.add_column(col, justify="left" if col in ("stage", "metric") else "right")
+    for stage, rec in summary.get("stages", {}).items():
+        start, end = rec.get("eval_start", {}), rec.get("eval_end", {})
+        keys = sorted(set(start) | set(end)) or ["-"]
+        for i, key in enumerate(keys):
+            table.add_row(stage if i == 0 else "", key, _pct(start.get(key)), _pct(end.get(key)),
+                          f"{rec.get('seconds', 0.0):.1f}" if i == 0 else "")
+    console = Console(file=sys.stdout)
+    console.print(table)
+    console.print(f"run directory: {summary.get('run_dir')}")
+    if summary.get("plots"):
+        console.print(f"plots: {Path(summary['plots'][0]).parent}")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,444 @@
+"""Typed configuration: one section per package, YAML plus dotted overrides, all errors at once.
+
+Defaults live only here, each with a docstring under the field. ``load_config(path, overrides)``
+reads YAML, applies ``key.sub=value`` overrides, validates the base config and every stage, and
+raises :class:`ConfigError` listing *every* problem with its key path (unknown keys come with the
+closest valid name; unknown workflow/reward/algorithm names with the list of valid ones).
+Relative paths in the file are resolved against the config file's directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
+
+from trine import registry
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+def _check_name(kind: str, value: str | None) -> str | None:
+    if value is not None:
+        problem = registry.check(kind, value)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
+def _resolve_path(value: str | None, info: ValidationInfo) -> str | None:
+    if value is None:
+        return None
+    base = (info.context or {}).get("base_dir")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    return str(path)
+
+
+class ModelConfig(Section):
+    path: str = "model"
+    """Local directory of a Hugging Face causal LM (config.json, weights, tokenizer)."""
+    init_preset: str | None = None
+    """If set and ``path`` does not exist, build this tiny model there first (``trine init-model``)."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory when it differs from ``path``."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype: ``auto`` is bfloat16 on GPU and float32 on CPU."""
+    device: str = "auto"
+    """``auto`` (cuda if available, else cpu), ``cpu``, ``cuda``, ``cuda:1``..."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model directory."""
+
+    _paths = field_validator("path", "tokenizer_path")(_resolve_path)
+    _preset = field_validator("init_preset")(lambda v: _check_name("model_preset", v))
+
+    @model_validator(mode="after")
+    def _exists(self) -> ModelConfig:
+        if self.init_preset is None and not Path(self.path).exists():
+            raise ValueError(
+                f"model.path {self.path!r} does not exist. Build a tiny test model with "
+                f"`trine init-model tiny-1m {self.path}` or set model.init_preset to build it automatically."
+            )
+        return self
+
+
+class SamplingConfig(Section):
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy). Logprobs are computed at this temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1 = off)."""
+    top_k: int = 0
+    """Top-k truncation (0 = off, the right default for RL)."""
+    max_tokens: int = 64
+    """Maximum new tokens per response."""
+    stop: list[str] = []
+    """Stop strings."""
+    stop_token_ids: list[int] = []
+    """Extra stop token ids besides eos."""
+    seed: int | None = None
+    """Per-request seed (None: the engine's seeded generator)."""
+
+
+class TasksetConfig(Section):
+    path: str
+    """A local .jsonl/.json/.parquet file, a directory of them, or a ``datasets`` save_to_disk directory."""
+    name: str = "train"
+    """Name used in task ids and metric keys (``eval/<name>/accuracy``)."""
+    split: str | None = None
+    """Split of a saved DatasetDict."""
+    prompt_key: str = "question"
+    """Row field holding the prompt text."""
+    answer_key: str | None = "answer"
+    """Row field holding the reference answer (None: no answer)."""
+    messages_key: str | None = None
+    """Row field holding a whole chat (list of {role, content}) instead of prompt_key."""
+    response_key: str | None = None
+    """For supervised (``train`` mode) stages: the field holding the target response (default: the answer)."""
+    system_prompt: str | None = None
+    """System message prepended to every prompt."""
+    prompt_template: str | None = None
+    """Python format string filled from the row, e.g. ``"What is {question}?"``."""
+    id_key: str | None = None
+    """Row field holding a stable task id (default: name/row-index)."""
+    workflow: str = "single_turn"
+    """Workflow name or ``package.module:Class``."""
+    workflow_args: dict[str, Any] = {}
+    """Keyword arguments of the workflow."""
+    reward: str = "exact_match"
+    """Reward function name or ``package.module:function``."""
+    reward_args: dict[str, Any] = {}
+    """Keyword arguments of the reward function."""
+    repeat: int = 8
+    """Group size: rollouts per task."""
+    sampling: SamplingConfig = SamplingConfig()
+    """How responses are sampled for this taskset."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A row missing a mapped field: stop with an error naming file, row and key, or skip and count it."""
+    limit: int | None = None
+    """Use only the first N rows."""
+
+    _paths = field_validator("path")(_resolve_path)
+    _workflow = field_validator("workflow")(lambda v: _check_name("workflow", v))
+    _reward = field_validator("reward")(lambda v: _check_name("reward", v))
+
+    @field_validator("path")
+    @classmethod
+    def _exists(cls, v: str) -> str:
+        if not Path(v).exists():
+            raise ValueError(f"taskset file {v!r} does not exist; check the path (relative paths are resolved "
+                             "against the config file's directory).")
+        return v
+
+
+class TasksConfig(Section):
+    train: TasksetConfig | None = None
+    """The taskset explored (RL) or trained on (``train`` mode)."""
+    eval: list[TasksetConfig] = []
+    """Tasksets evaluated every ``eval.every`` steps."""
+    batch_size: int = 8
+    """Tasks per explorer batch (each yields ``repeat`` experiences); one batch per training step."""
+    total_steps: int | None = None
+    """Training steps of this stage; None: as many as ``epochs`` passes over the taskset allow."""
+    epochs: int | None = None
+    """Passes over the taskset; None with total_steps set: repeat as needed."""
+    shuffle: bool = True
+    """Shuffle the taskset every epoch (seeded)."""
+
+    @model_validator(mode="after")
+    def _length(self) -> TasksConfig:
+        if self.total_steps is None and self.epochs is None:
+            raise ValueError("set tasks.total_steps or tasks.epochs (or both) so the stage knows when to stop")
+        return self
+
+
+class ExplorerConfig(Section):
+    timeout: float = 600.0
+    """Seconds a task's workflow may run before it is cancelled and retried/skipped."""
+    max_retries: int = 1
+    """Retries of a task whose workflow raised, timed out or returned nothing."""
+    max_concurrency: int = 256
+    """Tasks running at once."""
+    reward_timeout: float = 30.0
+    """Seconds one reward call may take (its thread is abandoned after that)."""
+    max_batch_size: int = 256
+    """Rows the rollout engine samples in one batch."""
+    dump_rollouts: bool = False
+    """Append every sampled trajectory (text, reward) to ``rollouts.jsonl`` in the run directory."""
+
+
+class BufferConfig(Section):
+    storage: str = "memory"
+    """Storage name (``memory``) or ``package.module:Class``."""
+    get_timeout: float = 600.0
+    """Seconds the trainer waits for a batch before failing with a clear error."""
+
+    _storage = field_validator("storage")(lambda v: _check_name("storage", v))
+
+
+class AlgorithmConfig(Section):
+    name: str = "grpo"
+    """Preset name (``grpo``, ``sft``, ...) or ``package.module:ALGO``; fields below override it."""
+    advantage: str | None = None
+    """Override the advantage function (name or import path)."""
+    loss: str | None = None
+    """Override the policy loss (name or import path)."""
+    advantage_args: dict[str, Any] | None = None
+    """Extra keyword arguments of the advantage function (merged over the preset's)."""
+    loss_args: dict[str, Any] | None = None
+    """Extra keyword arguments of the loss (e.g. clip_low, clip_high; merged over the preset's)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = None
+    """Loss aggregation; normalized over the whole step, not per micro-batch."""
+    kl_coef: float | None = None
+    """KL-to-reference loss coefficient (> 0 loads a frozen reference model)."""
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs", "mse"] | None = None
+    """KL estimator for the KL loss."""
+    entropy_coef: float | None = None
+    """Entropy bonus coefficient."""
+
+    _name = field_validator("name")(lambda v: _check_name("algorithm", v))
+    _adv = field_validator("advantage")(lambda v: _check_name("advantage", v))
+    _loss = field_validator("loss")(lambda v: _check_name("loss", v))
+
+
+class TrainerConfig(Section):
+    lr: float = 1e-5
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """LR after warmup: constant, or cosine decay to ``min_lr_ratio × lr`` at the last step."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup."""
+    min_lr_ratio: float = 0.0
+    """Final LR as a fraction of lr (cosine)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 = no clipping)."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens per micro-batch (forward/backward); sequences are bucketed by length."""
+    mini_batches: int = 1
+    """Optimizer steps per batch (the batch is split into this many mini-batches)."""
+    update_epochs: int = 1
+    """Passes over the batch per training step."""
+    recompute_logprobs: bool = False
+    """Recompute old logprobs with the trainer instead of using the rollout engine's."""
+    save_every: int = 0
+    """Save a checkpoint every N steps (0: only at the end of each stage)."""
+    keep_checkpoints: int = 2
+    """Number of most recent checkpoints kept."""
+
+
+class SyncConfig(Section):
+    sync_interval: int = 1
+    """Batches explored per weight version (k): weights are pushed to the explorer every k steps."""
+    sync_offset: int = 0
+    """Batches the explorer runs ahead of the trainer (m); m > 0 explores from a weight snapshot."""
+
+
+class EvalConfig(Section):
+    every: int = 0
+    """Evaluate every N training steps (0: only at the start and end of each stage)."""
+    at_start: bool = True
+    """Evaluate before a stage's first step."""
+    greedy: bool = True
+    """Report greedy accuracy (``eval/<name>/accuracy``)."""
+    k: int = 8
+    """Samples per task at the taskset's temperature for ``avg@k`` and ``pass@k`` (0: off)."""
+    success_threshold: float = 1.0
+    """A sample counts as correct when its reward is at least this."""
+
+
+class MonitorConfig(Section):
+    sinks: list[str] = ["console", "jsonl", "tensorboard"]
+    """Metric sinks: console, jsonl, tensorboard, wandb, mlflow or ``package.module:Class``."""
+    plot: bool = True
+    """Write PNG curves into ``<run_dir>/plots`` at the end of the run."""
+
+    @field_validator("sinks")
+    @classmethod
+    def _sinks(cls, v: list[str]) -> list[str]:
+        for name in v:
+            _check_name("monitor", name)
+        return v
+
+
+class RunConfig(Section):
+    name: str = "run"
+    """Run name; the run directory defaults to ``runs/<name>``."""
+    stage: str = "main"
+    """Name of this stage (shown in metrics, checkpoints and plots)."""
+    run_dir: str | None = None
+    """Where config, metrics, checkpoints and plots go."""
+    mode: Literal["sync", "train"] = "sync"
+    """``sync``: explore and train alternately (RL); ``train``: train from the taskset only (SFT)."""
+    seed: int = 42
+    """Seed of every random stream (task order, sampling, mini-batch shuffles)."""
+    num_threads: int | None = None
+    """torch CPU threads (None: torch's default)."""
+    resume: bool = True
+    """Continue from the last checkpoint in the run directory if there is one."""
+    model: ModelConfig = ModelConfig(init_preset="tiny-1m")
+    tasks: TasksConfig = TasksConfig(total_steps=1)
+    explorer: ExplorerConfig = ExplorerConfig()
+    buffer: BufferConfig = BufferConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    sync: SyncConfig = SyncConfig()
+    eval: EvalConfig = EvalConfig()
+    monitor: MonitorConfig = MonitorConfig()
+    stages: list[dict[str, Any]] = []
+    """Stages run in order, each a partial config (with a ``stage`` name) merged over the top-level
+    settings and starting from the previous stage's weights (e.g. an SFT warm-up then GRPO)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        if self.tasks.train is None:
+            raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
+        if self.sync.sync_interval < 1 or self.sync.sync_offset < 0:
+            raise ValueError(f"sync.sync_interval={self.sync.sync_interval} must be >= 1 and "
+                             f"sync.sync_offset={self.sync.sync_offset} must be >= 0")
+        return self
+
+
+class ConfigError(ValueError):
+    """Every problem found in a config, one per line, each with its key path."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__(f"{len(errors)} error(s) in the config:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if part.isdigit() and isinstance(node, list):
+            node = node[int(part)]
+            continue
+        node = node.setdefault(part, {})
+        if not isinstance(node, (dict, list)):
+            raise ConfigError([f"{key}: cannot set a sub-key of a non-mapping value"])
+    last = parts[-1]
+    if isinstance(node, list) and last.isdigit():
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides (values parsed as YAML: numbers, bools, lists)."""
+    data = copy.deepcopy(data)
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError([f"override {o!r} is not of the form key.sub=value" for o in bad])
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        _set_dotted(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
+    return data
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    model: Any = RunConfig
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return model
+
+
+def _format(err: dict[str, Any], prefix: str) -> str:
+    loc = tuple(err["loc"])
+    path = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "<root>"
+    if err["type"] == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        valid = list(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
+        return f"{path}: unknown key; {hint}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] not in ("value_error", "assertion_error") and "input" in err:
+        msg += f" (got {err['input']!r})"
+    return f"{path}: {msg}"
+
+
+def validate_dict(data: dict[str, Any], base_dir: str | Path | None = None) -> tuple[list[RunConfig], list[str]]:
+    """Validate a raw config dict; returns (one config per stage, errors).
+
+    Without ``stages`` the config is its own single stage. With ``stages``, each entry is merged
+    over the top-level settings and validated on its own (errors carry ``stages.<i>.`` paths).
+    """
+    errors: list[str] = []
+    context = {"base_dir": str(base_dir) if base_dir else None}
+
+    def check(raw: dict[str, Any], prefix: str) -> RunConfig | None:
+        try:
+            return RunConfig.model_validate(raw, context=context)
+        except ValidationError as err:
+            errors.extend(_format(e, prefix) for e in err.errors())
+            return None
+
+    stage_raws = data.get("stages") or []
+    if not isinstance(stage_raws, list):
+        return [], ["stages: expected a list of partial configs, one per stage"]
+    if not stage_raws:
+        config = check(data, "")
+        return ([config] if config else []), errors
+    base = {k: v for k, v in data.items() if k != "stages"}
+    stages = []
+    for i, raw in enumerate(stage_raws):
+        if not isinstance(raw, dict) or "stage" not in raw:
+            errors.append(f"stages.{i}: each stage must be a mapping with a 'stage' name")
+            continue
+        if "stages" in raw:
+            errors.append(f"stages.{i}.stages: stages cannot be nested")
+            continue
+        stage = check(merge(base, raw), f"stages.{i}.")
+        if stage is not None:
+            stages.append(stage)
+    names = [s.stage for s in stages]
+    errors.extend(f"stages: stage name {n!r} is used twice" for n in sorted(set(names)) if names.count(n) > 1)
+    return stages, errors
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> list[RunConfig]:
+    """Read, override and validate a YAML config; raise :class:`ConfigError` with every problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"config file {str(path)!r} does not exist"])
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError([f"{path}: not valid YAML: {err}"]) from err
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping at the top level, got {type(data).__name__}"])
+    data = apply_overrides(data, overrides or [])
+    stages, errors = validate_dict(data, base_dir=path.parent)
+    if errors:
+        raise ConfigError(errors)
+    return stages

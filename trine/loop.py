@@ -1,0 +1,197 @@
+"""The loop: tasks → explorer → buffer → trainer → weights, and its modes, in data-flow order.
+
+A run is a list of stages (one unless the config chains several); each stage is built by
+:mod:`trine.build` and driven by one of three step generators — different wirings of the same
+objects — each yielding one metrics dict per training step:
+
+- ``_sync_steps``: colocated shared weights; explore ``sync_interval`` batches, train on them, repeat.
+- ``_offset_steps``: the explorer runs ``sync_offset`` batches ahead in a thread, from a weight
+  snapshot that is updated every ``sync_interval`` steps.
+- ``_train_steps``: trainer only, on supervised rows made from the taskset.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from typing import Any
+
+from trine import build
+from trine.config import RunConfig
+
+
+def run(stages: list[RunConfig]) -> dict[str, Any]:
+    """Run every stage; returns a summary (evals at the start/end of each stage, times, paths)."""
+    from trine.monitor import build_monitor
+    from trine.trainer.checkpoint import list_checkpoints, load_states, set_rng_state
+
+    first = stages[0]
+    run_dir = build.run_dir_of(first)
+    build.set_threads(first.num_threads)
+    checkpoints = list_checkpoints(run_dir / "checkpoints") if first.resume else []
+    trainer_state, state = load_states(checkpoints[-1]) if checkpoints else ({}, {})
+    build.write_config(run_dir, stages)
+    build.write_status(run_dir, "running", step=state.get("global_step", 0))
+    model, tokenizer = build.load_policy(first, path=str(checkpoints[-1]) if checkpoints else None)
+    totals = [s.tasks.total_steps for s in stages]
+    monitor = build_monitor(first.monitor.sinks, run_dir, total_steps=sum(totals) if None not in totals else None)
+    summary: dict[str, Any] = state.get("summary", {"run_dir": str(run_dir), "stages": {}})
+    step = state.get("global_step", 0)
+    resume_at = (state["stage_index"] + state["stage_done"]) if state else 0
+    try:
+        for index, cfg in enumerate(stages):
+            if index < resume_at:
+                continue
+            stage = build.build_stage(cfg, model, tokenizer, run_dir)
+            if state and index == state["stage_index"]:
+                build.restore_stage(stage, state, trainer_state)
+                set_rng_state(state["rng"])
+            step = _run_stage(stage, index, step, monitor, run_dir, summary, tokenizer)
+        build.write_status(run_dir, "finished", step=step)
+    except BaseException as err:
+        build.write_status(run_dir, "failed", step=step, error=f"{type(err).__name__}: {err}",
+                           traceback=traceback.format_exc())
+        raise
+    finally:
+        monitor.close()
+    if first.monitor.plot:
+        from trine.monitor.plot import plot_run
+
+        summary["plots"] = [str(p) for p in plot_run(run_dir)]
+    return summary
+
+
+def _run_stage(st: build.Stage, index: int, step: int, monitor: Any, run_dir: Any, summary: dict, tokenizer: Any) -> int:
+    cfg = st.cfg
+    record = summary["stages"].setdefault(cfg.stage, {"seconds": 0.0})
+    if st.step == 0 and cfg.eval.at_start and st.eval_sets:
+        record["eval_start"] = _evaluate(st, step)
+        monitor.log({**record["eval_start"], "stage": cfg.stage}, step)
+    steps = _train_steps(st, tokenizer) if cfg.mode == "train" else (
+        _offset_steps(st) if cfg.sync.sync_offset > 0 else _sync_steps(st))
+    tick = time.perf_counter()
+    for metrics in steps:
+        step, st.step = step + 1, st.step + 1
+        last = st.step >= st.total_steps
+        if st.eval_sets and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
+            record["eval_end"] = _evaluate(st, step)
+            metrics.update(record["eval_end"])
+        now = time.perf_counter()
+        metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
+        record["seconds"] += now - tick
+        monitor.log(metrics, step)
+        if last or (cfg.trainer.save_every and st.step % cfg.trainer.save_every == 0):
+            _save(st, index, step, run_dir, summary, tokenizer, done=last)
+        tick = time.perf_counter()
+    return step
+
+
+def _sync_steps(st: build.Stage):
+    """Colocated: explore ``sync_interval`` batches with the current weights, then train on each."""
+    while st.step < st.total_steps:
+        if not st.pending:
+            version = st.trainer.version
+            st.sync.pull(st.engine, version)
+            for j in range(min(st.cfg.sync.sync_interval, st.total_steps - st.step)):
+                if not _explore_batch(st, st.step + j, version):
+                    break
+        if not st.pending:
+            return
+        yield _train_on(st)
+
+
+def _offset_steps(st: build.Stage):
+    """Pipelined: the explorer thread runs ``sync_offset`` batches ahead of the trainer."""
+    k, m = st.cfg.sync.sync_interval, st.cfg.sync.sync_offset
+    ready: queue.Queue = queue.Queue()
+    stop, errors = threading.Event(), []
+
+    def explore() -> None:
+        b = st.step + len(st.pending)
+        try:
+            while b < st.total_steps and not stop.is_set():
+                version = max(0, k * ((b - m) // k))
+                st.sync.pull(st.engine, version)
+                with st.gate:
+                    if stop.is_set() or not _explore_batch(st, b, version):
+                        break
+                ready.put(b)
+                b += 1
+        except BaseException as err:  # surfaced in the trainer's thread
+            if not stop.is_set():
+                errors.append(err)
+        finally:
+            ready.put(None)
+
+    thread = threading.Thread(target=explore, name="trine-explorer", daemon=True)
+    thread.start()
+    finished = False
+    try:
+        while st.step < st.total_steps:
+            while not st.pending and not finished:
+                finished = ready.get() is None
+            if errors:
+                raise errors[0]
+            if not st.pending:
+                return
+            metrics = _train_on(st)
+            if st.trainer.version % k == 0:
+                st.sync.push(st.trainer.model, st.trainer.version)
+            yield metrics
+    finally:
+        stop.set()
+        st.sync.close()
+        thread.join()
+
+
+def _train_steps(st: build.Stage, tokenizer: Any):
+    """Trainer only: supervised rows (prompt + target response) from the taskset."""
+    while st.step < st.total_steps:
+        tasks = st.scheduler.next_batch(st.cfg.tasks.batch_size)
+        if not tasks:
+            return
+        yield st.trainer.step(build.sft_experiences(tasks, tokenizer, st.cfg.tasks.train.response_key))
+
+
+def _explore_batch(st: build.Stage, batch_index: int, version: int) -> bool:
+    """tasks → explorer → buffer for one batch; False when the tasks are exhausted."""
+    tasks = st.scheduler.next_batch(st.cfg.tasks.batch_size)
+    if not tasks:
+        return False
+    experiences, metrics = st.explorer.explore(tasks, batch_index=batch_index, version=version)
+    st.buffer.put(experiences)
+    st.pending.append((batch_index, len(experiences), metrics))
+    return True
+
+
+def _train_on(st: build.Stage) -> dict[str, float]:
+    """buffer → trainer for the oldest explored batch."""
+    _, n, metrics = st.pending[0]
+    experiences = st.buffer.get(n, timeout=st.cfg.buffer.get_timeout) if n else []
+    st.pending.pop(0)
+    lag = [st.trainer.version - e.policy_version for e in experiences] or [0]
+    metrics = {**metrics, **st.trainer.step(experiences), **st.buffer.metrics(),
+               "buffer/staleness_mean": sum(lag) / len(lag), "buffer/staleness_max": float(max(lag)),
+               "sync/seconds": st.sync.seconds, "trainer/version": float(st.trainer.version)}
+    return metrics
+
+
+def _evaluate(st: build.Stage, step: int) -> dict[str, float]:
+    e = st.cfg.eval
+    out: dict[str, float] = {}
+    for ts in st.eval_sets:
+        out.update(st.eval_explorer.evaluate(list(ts), name=ts.name, k=e.k, greedy=e.greedy,
+                                             seed=st.cfg.seed + step, success_threshold=e.success_threshold))
+    return out
+
+
+def _save(st: build.Stage, index: int, step: int, run_dir: Any, summary: dict, tokenizer: Any, done: bool) -> None:
+    from trine.trainer.checkpoint import save_checkpoint
+
+    with st.gate:
+        state = {**build.stage_state(st), "stage_index": index, "global_step": step, "stage_done": done,
+                 "summary": summary}
+        save_checkpoint(run_dir / "checkpoints", step, model=st.trainer.model, tokenizer=tokenizer,
+                        trainer_state=st.trainer.state_dict(), loop_state=state, keep=st.cfg.trainer.keep_checkpoints)

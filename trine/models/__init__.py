@@ -1,0 +1,33 @@
+"""Models: loading HF models and tokenizers, the tiny-model builder, rollout engines.
+
+Names are resolved lazily (module ``__getattr__``) so ``import trine.models`` does not import
+torch or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PRESETS": "trine.models.tiny",
+    "init_model": "trine.models.tiny",
+    "count_parameters": "trine.models.tiny",
+    "load_model": "trine.models.loading",
+    "load_tokenizer": "trine.models.loading",
+    "resolve_dtype": "trine.models.loading",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trine.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,320 @@
+"""The built-in rollout engine: batched sampling from any HF causal LM, as an async service.
+
+Concurrent workflows ``await engine.generate(...)``/``engine.chat(...)``; requests that arrive
+while the engine is busy are batched together and run in one sampling loop on a worker thread,
+so the event loop stays free for rewards and environments.
+
+The sampling loop prefills each distinct prompt once, expands the KV cache to the ``n`` samples
+of its request, then decodes token by token with per-row temperature / top-p / top-k / max_tokens /
+stop tokens / stop strings. Finished rows are dropped from the batch (and the cache) as they end.
+Returned logprobs are ``log_softmax(logits / temperature)`` of the sampled token *before* top-p/top-k
+truncation — exactly what the trainer recomputes — and greedy rows (temperature 0) report
+``log_softmax(logits)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trine.models.chat import encode_prompt
+from trine.types import Completion, SamplingParams
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future | None = None
+
+
+class HFEngine:
+    """Rollout engine over a ``transformers`` causal LM (shared with the trainer when colocated)."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 256, seed: int = 0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.policy_version = 0
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self._pending: list[_Request] = []
+        self._worker: asyncio.Task | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="trine-engine"
+        )
+
+    # ----------------------------------------------------------------- async API (workflows)
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        """Sample ``params.n`` completions of ``prompt_ids``; batched with concurrent callers."""
+        if not prompt_ids:
+            raise ValueError("generate() got an empty prompt; pass at least one token id.")
+        request = _Request(list(prompt_ids), params, asyncio.get_running_loop().create_future())
+        self._pending.append(request)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._serve())
+        return await request.future
+
+    async def chat(self, messages: list[dict[str, str]], params: SamplingParams) -> list[Completion]:
+        """Apply the chat template (with the generation prompt) and sample."""
+        return await self.generate(self.encode_chat(messages), params)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        return encode_prompt(self.tokenizer, messages)
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            for _ in range(3):  # let workflows that are ready submit before the batch closes
+                await asyncio.sleep(0)
+            batch, rows = [], 0
+            while self._pending and (not batch or rows + self._pending[0].params.n <= self.max_batch_size):
+                request = self._pending.pop(0)
+                batch.append(request)
+                rows += request.params.n
+            try:
+                results = await loop.run_in_executor(self._executor, self.generate_batch, batch)
+            except Exception as err:  # the callers decide to retry or skip
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(err)
+                continue
+            for request, completions in zip(batch, results):
+                if not request.future.done():
+                    request.future.set_result(completions)
+
+    # ----------------------------------------------------------------- sync API (eval, benchmarks)
+    def generate_batch(
+        self, requests: list[_Request] | list[tuple[list[int], SamplingParams]]
+    ) -> list[list[Completion]]:
+        """Run requests to completion in one sampling loop; returns completions per request."""
+        reqs = [r if isinstance(r, _Request) else _Request(list(r[0]), r[1]) for r in requests]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                flat = self._sample(reqs)
+        finally:
+            self.model.train(was_training)
+        out, i = [], 0
+        for r in reqs:
+            out.append(flat[i : i + r.params.n])
+            i += r.params.n
+        return out
+
+    def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Copy new weights into the engine's model (no-op copy when they are the same tensors)."""
+        self.model.load_state_dict(state_dict)
+        self.policy_version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "policy_version": self.policy_version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.policy_version = state["policy_version"]
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ----------------------------------------------------------------- the sampling loop
+    def _sample(self, reqs: list[_Request]) -> list[Completion]:
+        device = self.model.device
+        params = [r.params for r in reqs]
+        ids, mask = _left_pad([r.prompt_ids for r in reqs], self.pad_id, device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = _new_cache(self.model)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        expand = torch.tensor([u for u, p in enumerate(params) for _ in range(p.n)], device=device)
+        logits = out.logits[:, -1].float()[expand]
+        if expand.numel() != len(reqs) or bool((expand != torch.arange(len(reqs), device=device)).any()):
+            cache.batch_select_indices(expand)
+        mask, next_pos = mask[expand], pos[expand, -1] + 1
+        rows = _RowParams(
+            [p for p in params for _ in range(p.n)],
+            [r.prompt_ids for r in reqs for _ in range(r.params.n)],
+            self.eos_ids,
+            device,
+        )
+        state = _DecodeState(rows.size, rows.max_new, self.pad_id, device)
+        active = torch.arange(rows.size, device=device)
+        for t in range(rows.max_new):
+            tok, lp = self._pick(logits, rows, active)
+            state.record(active, t, tok, lp)
+            done = rows.finished(active, tok, t, state, self.tokenizer)
+            if bool(done.all()):
+                break
+            keep = ~done
+            if bool(done.any()):
+                active, tok, mask, next_pos = active[keep], tok[keep], mask[keep], next_pos[keep]
+                cache.batch_select_indices(keep.nonzero().squeeze(-1))
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            next_pos = next_pos + 1
+            logits = out.logits[:, -1].float()
+        return state.completions(rows, self.tokenizer)
+
+    def _pick(self, logits: Tensor, rows: _RowParams, active: Tensor) -> tuple[Tensor, Tensor]:
+        temp = rows.temperature[active]
+        greedy = temp <= 0
+        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temp)[:, None], dim=-1)
+        tok = logp.argmax(-1)
+        sampled = ~greedy
+        if bool(sampled.any()):
+            filt = _filter(logp, rows.top_k[active], rows.top_p[active]) if rows.any_filter else logp
+            probs = torch.softmax(filt, dim=-1)
+            draw = torch.multinomial(probs.cpu(), 1, generator=self.generator).squeeze(-1).to(tok.device)
+            for i, gen in rows.seeded(active):
+                draw[i] = torch.multinomial(probs[i].cpu(), 1, generator=gen)[0]
+            tok = torch.where(sampled, draw, tok)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _filter(logp: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
+    """Mask logprobs outside each row's top-k (k > 0) and nucleus top-p (p < 1) with -inf."""
+    out = logp
+    if bool((top_k > 0).any()):
+        k = torch.where(top_k > 0, top_k, logp.shape[-1]).clamp(max=logp.shape[-1])
+        kth = torch.sort(logp, dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
+        out = out.masked_fill(out < kth, float("-inf"))
+    if bool((top_p < 1).any()):
+        sorted_lp, order = torch.sort(out, dim=-1, descending=True)
+        probs = torch.softmax(sorted_lp, dim=-1)
+        drop_sorted = (probs.cumsum(-1) - probs) > top_p[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        out = out.masked_fill(drop, float("-inf"))
+    return out
+
+
+class _RowParams:
+    """Per-row sampling settings as tensors, plus the Python-side stop-string data."""
+
+    def __init__(
+        self, params: list[SamplingParams], prompts: list[list[int]], eos_ids: list[int], device: Any
+    ):
+        self.size = len(params)
+        self.params = params
+        self.prompts = prompts
+        self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
+        self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+        self.max_tokens = torch.tensor([p.max_tokens for p in params], dtype=torch.long, device=device)
+        self.max_new = max(p.max_tokens for p in params)
+        self.any_filter = any(p.top_k > 0 or p.top_p < 1 for p in params)
+        width = max(len(p.stop_token_ids) for p in params) + len(eos_ids)
+        stops = [list(eos_ids) + list(p.stop_token_ids) for p in params]
+        self.stop_ids = torch.tensor(
+            [s + [s[0]] * (width - len(s)) for s in stops], dtype=torch.long, device=device
+        )
+        self.stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
+        self._generators: dict[int, torch.Generator] = {}
+        counts: dict[int, int] = {}
+        for i, p in enumerate(params):
+            if p.seed is not None:
+                j = counts.setdefault(id(p), 0)
+                counts[id(p)] = j + 1
+                self._generators[i] = torch.Generator().manual_seed(p.seed + j)
+
+    def seeded(self, active: Tensor) -> list[tuple[int, torch.Generator]]:
+        if not self._generators:
+            return []
+        return [
+            (i, self._generators[int(r)]) for i, r in enumerate(active.tolist()) if int(r) in self._generators
+        ]
+
+    def finished(self, active: Tensor, tok: Tensor, t: int, state: _DecodeState, tokenizer: Any) -> Tensor:
+        is_stop = (self.stop_ids[active] == tok[:, None]).any(-1)
+        done = is_stop | (t + 1 >= self.max_tokens[active])
+        if self.stop_strings:
+            for i, row in enumerate(active.tolist()):
+                strings = self.stop_strings.get(row)
+                if strings and not bool(done[i]):
+                    tail = tokenizer.decode(state.tokens[row, max(0, t - 15) : t + 1].tolist())
+                    if any(s in tail for s in strings):
+                        done[i] = True
+                        is_stop[i] = True
+        state.finish(active[done], t, is_stop[done])
+        return done
+
+
+class _DecodeState:
+    """Token/logprob buffers for all rows and where each row ended."""
+
+    def __init__(self, size: int, max_new: int, pad_id: int, device: Any):
+        self.tokens = torch.full((size, max_new), pad_id, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((size, max_new), dtype=torch.float32, device=device)
+        self.length = torch.full((size,), max_new, dtype=torch.long, device=device)
+        self.stopped = torch.zeros((size,), dtype=torch.bool, device=device)
+
+    def record(self, active: Tensor, t: int, tok: Tensor, lp: Tensor) -> None:
+        self.tokens[active, t] = tok
+        self.logprobs[active, t] = lp
+
+    def finish(self, rows: Tensor, t: int, stopped: Tensor) -> None:
+        self.length[rows] = t + 1
+        self.stopped[rows] = stopped
+
+    def completions(self, rows: _RowParams, tokenizer: Any) -> list[Completion]:
+        tokens, logprobs = self.tokens.cpu().tolist(), self.logprobs.cpu().tolist()
+        lengths, stopped = self.length.tolist(), self.stopped.tolist()
+        out = []
+        for i in range(rows.size):
+            response = tokens[i][: lengths[i]]
+            out.append(
+                Completion(
+                    prompt_ids=rows.prompts[i],
+                    response_ids=response,
+                    logprobs=logprobs[i][: lengths[i]],
+                    text=tokenizer.decode(response, skip_special_tokens=True),
+                    finish_reason="stop" if stopped[i] else "length",
+                )
+            )
+        return out
+
+
+def _left_pad(seqs: list[list[int]], pad_id: int, device: Any) -> tuple[Tensor, Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids = model.generation_config.eos_token_id if getattr(model, "generation_config", None) else None
+    ids = ids if ids is not None else tokenizer.eos_token_id
+    if ids is None:
+        raise ValueError(
+            "the model and tokenizer define no eos token; set eos_token in the tokenizer config."
+        )
+    ids = [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,105 @@
+"""Extension by name or import path.
+
+Each pluggable kind has one explicit ``dict[str, ...]`` of built-ins, living in its own package
+(``trine.workflows.WORKFLOWS``, ``trine.rewards.REWARDS``, ...). This module only *looks them up*,
+lazily, so that importing it is free. Anything that is not a built-in is given as
+``"package.module:attr"`` or registered from a user file loaded with ``--plugin path.py``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+# kind -> "module:attribute" of the dict of built-ins
+BUILTINS: dict[str, str] = {
+    "workflow": "trine.workflows:WORKFLOWS",
+    "reward": "trine.rewards:REWARDS",
+    "algorithm": "trine.algorithms.presets:PRESETS",
+    "advantage": "trine.algorithms:ADVANTAGES",
+    "loss": "trine.algorithms:LOSSES",
+    "storage": "trine.buffer:STORAGES",
+    "monitor": "trine.monitor:SINKS",
+    "model_preset": "trine.models.tiny:PRESETS",
+}
+
+_extra: dict[str, dict[str, Any]] = {}
+
+
+def builtins(kind: str) -> dict[str, Any]:
+    """The built-ins of ``kind`` plus anything registered by plugins."""
+    if kind not in BUILTINS:
+        raise KeyError(f"unknown plugin kind {kind!r}; expected one of {sorted(BUILTINS)}")
+    found = dict(import_object(BUILTINS[kind]))
+    found.update(_extra.get(kind, {}))
+    return found
+
+
+def register(kind: str, name: str):
+    """Decorator for plugin files: ``@register("reward", "my_reward")``."""
+
+    def wrap(obj: Any) -> Any:
+        builtins(kind)  # validates the kind
+        _extra.setdefault(kind, {})[name] = obj
+        return obj
+
+    return wrap
+
+
+def import_object(spec: str) -> Any:
+    """Import ``"package.module:attr"`` (``attr`` may be dotted)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{spec!r} is not an import path; expected 'package.module:attr'.")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve(kind: str, name: str) -> Any:
+    """Return the built-in called ``name`` or the object at import path ``name``."""
+    table = builtins(kind)
+    if name in table:
+        return table[name]
+    if ":" in name:
+        try:
+            return import_object(name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise ValueError(f"{kind} {name!r} could not be imported: {err}") from err
+    raise ValueError(unknown_message(kind, name, table))
+
+
+def unknown_message(kind: str, name: str, table: dict[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(table), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (
+        f"unknown {kind} {name!r}.{hint} Valid names: {', '.join(sorted(table))}; "
+        f"or give an import path 'package.module:attr'."
+    )
+
+
+def check(kind: str, name: str) -> str | None:
+    """None if ``name`` resolves, else the error message (used by config validation)."""
+    try:
+        resolve(kind, name)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def load_plugin(path: str | Path) -> None:
+    """Execute a user file so its ``@register`` decorators run."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"plugin file {str(path)!r} does not exist; pass --plugin PATH.py")
+    name = f"trine_plugin_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)

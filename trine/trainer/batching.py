@@ -1,0 +1,125 @@
+"""Turning experiences into padded tensors: length bucketing, token-budget micro-batches.
+
+Sequences are **left-padded** so every row ends at the last column; the response of row ``i``
+then fills the last ``R_i`` columns, and one ``logits_to_keep = R + 1`` forward (``R`` the longest
+response) yields the logits of every response token without computing the prompt's. All
+response-side tensors (``targets``, ``action_mask``, ``old_logprobs``, ``advantages``) are
+``[B, R]`` and right-aligned the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from trine.types import Experience
+
+
+@dataclass
+class MicroBatch:
+    input_ids: Tensor  # [B, L] left-padded prompt+response
+    attention_mask: Tensor  # [B, L]
+    position_ids: Tensor  # [B, L]
+    targets: Tensor  # [B, R] response tokens, right-aligned
+    action_mask: Tensor  # [B, R] float: 1 = trained token
+    old_logprobs: Tensor | None  # [B, R] behaviour logprobs (0 where absent)
+    temperature: Tensor  # [B, 1, 1]
+    rows: list[int]  # indices of the experiences in the step's list
+    extras: dict[str, Tensor] = field(default_factory=dict)  # per-token tensors added by the trainer
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.input_ids.numel()
+
+
+def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Group sequence indices into micro-batches whose padded size ``B × max_len`` fits the budget.
+
+    Sequences are sorted by length (longest first) so that each micro-batch holds similar lengths
+    (length bucketing: little padding). A sequence longer than the budget gets a micro-batch of its
+    own. The plan depends only on the lengths, so it is deterministic.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plan: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for i in order:
+        if current and (len(current) + 1) * width > token_budget:
+            plan.append(current)
+            current = []
+        if not current:
+            width = lengths[i]
+        current.append(i)
+    if current:
+        plan.append(current)
+    return plan
+
+
+def collate(experiences: list[Experience], rows: list[int], pad_id: int, device: Any,
+            default_temperature: float = 1.0) -> MicroBatch:
+    """Build a left-padded :class:`MicroBatch` from ``experiences[rows]``."""
+    exps = [experiences[i] for i in rows]
+    width = max(len(e.tokens) for e in exps)
+    resp = max(e.response_length for e in exps)
+    n = len(exps)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, resp), dtype=torch.float32)
+    old = torch.zeros((n, resp), dtype=torch.float32)
+    has_old = all(e.logprobs is not None for e in exps)
+    temps = []
+    for i, e in enumerate(exps):
+        if e.prompt_length < 1:
+            raise ValueError(f"Experience {e.id} has prompt_length={e.prompt_length}; the trainer needs at least "
+                             "one prompt token before the response (e.g. a BOS or chat-template token).")
+        ids[i, width - len(e.tokens):] = torch.tensor(e.tokens, dtype=torch.long)
+        attn[i, width - len(e.tokens):] = 1
+        r = e.response_length
+        if r:
+            mask[i, resp - r:] = torch.tensor(e.action_mask, dtype=torch.float32)
+            if has_old:
+                old[i, resp - r:] = torch.tensor(e.logprobs, dtype=torch.float32)
+        t = e.info.get("temperature", default_temperature)
+        temps.append(t if t and t > 0 else 1.0)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    return MicroBatch(
+        input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+        targets=ids[:, width - resp:].to(device), action_mask=mask.to(device),
+        old_logprobs=old.to(device) if has_old else None,
+        temperature=torch.tensor(temps, dtype=torch.float32, device=device).view(-1, 1, 1),
+        rows=list(rows),
+    )
+
+
+def right_align(values: list[list[float]], resp: int, device: Any) -> Tensor:
+    """Right-align per-response-token lists into a ``[B, resp]`` float tensor."""
+    out = torch.zeros((len(values), resp), dtype=torch.float32)
+    for i, v in enumerate(values):
+        if v:
+            out[i, resp - len(v):] = torch.tensor(v, dtype=torch.float32)
+    return out.to(device)
+
+
+def forward_logprobs(model: Any, batch: MicroBatch, *, entropy_fn: Any = None) -> tuple[Tensor, Tensor | None]:
+    """Per-token logprobs ``[B, R]`` of ``batch.targets`` under ``model`` (temperature-scaled).
+
+    ``log π(y_t) = z_{y_t}/T - logsumexp(z/T)`` from the logits of the positions that predict the
+    response tokens only (``logits_to_keep``). With ``entropy_fn`` also the per-token entropy (no grad).
+    """
+    resp = batch.targets.shape[1]
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, use_cache=False, logits_to_keep=resp + 1)
+    logits = out.logits[:, :-1].float() / batch.temperature
+    logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    entropy = None
+    if entropy_fn is not None:
+        with torch.no_grad():
+            entropy = entropy_fn(logits.detach())
+    return logprobs, entropy

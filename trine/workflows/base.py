@@ -1,0 +1,57 @@
+"""The Workflow protocol: how a task becomes experiences.
+
+A workflow is built once per (workflow, reward) pair by the explorer as
+``WorkflowClass(reward=score_fn, **workflow_args)`` and then run for many tasks::
+
+    experiences = await workflow.run(task, model)
+
+``model`` is a rollout model: it has ``await model.generate(prompt_ids, params)`` and
+``await model.chat(messages, params)`` returning lists of :class:`~trine.types.Completion`, and a
+``tokenizer``. ``score_fn`` is ``await score_fn(response_text, task) -> (reward, parts)``; the
+explorer builds it from the task's reward function with a timeout, so a workflow never needs to
+know which reward it is using.
+
+Multi-turn workflows build experiences token-in, token-out: they keep the sampled token ids as
+they are and append only the new observation tokens with ``action_mask`` 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
+
+from trine.types import Completion, Experience, Task
+
+ScoreFn = Callable[[str, Task], Awaitable[tuple[float, dict[str, float]]]]
+
+
+@runtime_checkable
+class RolloutModel(Protocol):
+    tokenizer: Any
+
+    async def generate(self, prompt_ids: list[int], params: Any) -> list[Completion]: ...
+
+    async def chat(self, messages: list[dict[str, str]], params: Any) -> list[Completion]: ...
+
+
+@runtime_checkable
+class Workflow(Protocol):
+    async def run(self, task: Task, model: RolloutModel) -> list[Experience]: ...
+
+
+def completion_experience(completion: Completion, reward: float | None, parts: dict[str, float],
+                          temperature: float) -> Experience:
+    """A single-turn Experience from one completion (every response token is an action)."""
+    return Experience(
+        tokens=completion.prompt_ids + completion.response_ids,
+        prompt_length=len(completion.prompt_ids),
+        action_mask=[1] * len(completion.response_ids),
+        logprobs=list(completion.logprobs),
+        reward=reward,
+        info={
+            "response": completion.text,
+            "finish_reason": completion.finish_reason,
+            "reward_parts": parts,
+            "temperature": temperature,
+        },
+    )
