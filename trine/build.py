@@ -192,9 +192,13 @@ def stage_state(stage: Stage) -> dict[str, Any]:
     return state
 
 
-def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, Any]) -> None:
-    """Put a freshly built stage back where a checkpoint left it."""
+def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, Any], path: Path) -> None:
+    """Put a freshly built stage back where the checkpoint at ``path`` left it."""
     stage.trainer.load_state_dict(trainer_state)
+    if stage.trainer.ref_model is not None:  # the reference is the stage's starting weights, not the checkpoint's
+        from safetensors.torch import load_file
+
+        stage.trainer.ref_model.load_state_dict(load_file(str(Path(path) / "ref_model" / "model.safetensors")), strict=False)
     stage.step = state["stage_step"]
     stage.scheduler.load_state_dict(state["scheduler"])
     stage.pending = list(state["pending"])

@@ -287,6 +287,9 @@ class RunConfig(Section):
     """torch CPU threads (None: torch's default)."""
     resume: bool = True
     """Continue from the last checkpoint in the run directory if there is one."""
+    stop_after_steps: int | None = None
+    """Checkpoint and stop once this many steps (counted over all stages) are done; run again to
+    continue (for time-limited jobs)."""
     model: ModelConfig = ModelConfig(init_preset="tiny-1m")
     tasks: TasksConfig = TasksConfig(total_steps=1)
     explorer: ExplorerConfig = ExplorerConfig()

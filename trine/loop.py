@@ -46,9 +46,13 @@ def run(stages: list[RunConfig]) -> dict[str, Any]:
                 continue
             stage = build.build_stage(cfg, model, tokenizer, run_dir)
             if state and index == state["stage_index"]:
-                build.restore_stage(stage, state, trainer_state)
+                build.restore_stage(stage, state, trainer_state, checkpoints[-1])
                 set_rng_state(state["rng"])
             step = _run_stage(stage, index, step, monitor, run_dir, summary, tokenizer)
+            limit = cfg.stop_after_steps
+            if stage.step < stage.total_steps or (limit and step >= limit and index < len(stages) - 1):
+                build.write_status(run_dir, "stopped", step=step)  # run again to continue
+                return summary
         build.write_status(run_dir, "finished", step=step)
     except BaseException as err:
         build.write_status(run_dir, "failed", step=step, error=f"{type(err).__name__}: {err}",
@@ -75,6 +79,7 @@ def _run_stage(st: build.Stage, index: int, step: int, monitor: Any, run_dir: An
     for metrics in steps:
         step, st.step = step + 1, st.step + 1
         last = st.step >= st.total_steps
+        stop = cfg.stop_after_steps is not None and step >= cfg.stop_after_steps
         if st.eval_sets and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
             record["eval_end"] = _evaluate(st, step)
             metrics.update(record["eval_end"])
@@ -82,8 +87,10 @@ def _run_stage(st: build.Stage, index: int, step: int, monitor: Any, run_dir: An
         metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
         record["seconds"] += now - tick
         monitor.log(metrics, step)
-        if last or (cfg.trainer.save_every and st.step % cfg.trainer.save_every == 0):
+        if last or stop or (cfg.trainer.save_every and st.step % cfg.trainer.save_every == 0):
             _save(st, index, step, run_dir, summary, tokenizer, done=last)
+        if stop and not last:
+            break
         tick = time.perf_counter()
     return step
 
@@ -193,5 +200,7 @@ def _save(st: build.Stage, index: int, step: int, run_dir: Any, summary: dict, t
     with st.gate:
         state = {**build.stage_state(st), "stage_index": index, "global_step": step, "stage_done": done,
                  "summary": summary}
+        ref = {"ref_model": st.trainer.ref_model} if st.trainer.ref_model is not None else None
         save_checkpoint(run_dir / "checkpoints", step, model=st.trainer.model, tokenizer=tokenizer,
-                        trainer_state=st.trainer.state_dict(), loop_state=state, keep=st.cfg.trainer.keep_checkpoints)
+                        trainer_state=st.trainer.state_dict(), loop_state=state, keep=st.cfg.trainer.keep_checkpoints,
+                        extra_models=ref)

@@ -75,11 +75,12 @@ class MemoryBuffer:
                 self._cond.wait(remaining)
 
     def _drop_stale(self, min_version: int | None) -> None:
-        if min_version is None:
+        # Not only the head: a pending reward filled in late puts an old version behind newer ones.
+        if min_version is None or all(e.policy_version >= min_version for e in self._ready):
             return
-        while self._ready and self._ready[0].policy_version < min_version:
-            self._ready.popleft()
-            self.dropped_stale += 1
+        fresh = [e for e in self._ready if e.policy_version >= min_version]
+        self.dropped_stale += len(self._ready) - len(fresh)
+        self._ready = collections.deque(fresh)
 
     def __len__(self) -> int:
         return len(self._ready)

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from trine.models.loading import quiet_progress
+
 _STEP = re.compile(r"^step_(\d+)$")
 
 
@@ -41,10 +43,11 @@ def save_checkpoint(root: str | Path, step: int, *, model: Any, tokenizer: Any, 
     tmp = root / f"step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    with quiet_progress():
+        model.save_pretrained(tmp)
+        for name, other in (extra_models or {}).items():
+            other.save_pretrained(tmp / name)
     tokenizer.save_pretrained(tmp)
-    for name, other in (extra_models or {}).items():
-        other.save_pretrained(tmp / name)
     torch.save(trainer_state, tmp / "trainer_state.pt")
     torch.save({**loop_state, "rng": rng_state()}, tmp / "loop_state.pt")
     shutil.rmtree(final, ignore_errors=True)

@@ -1,0 +1,46 @@
+"""Shared pieces of the end-to-end tests: a config writer over the shipped arithmetic data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
+
+
+@pytest.fixture
+def arithmetic_config(tmp_path, tiny_model_dir):
+    """Write an arithmetic config (GRPO by default) with ``overrides`` merged in; returns its path."""
+
+    def make(overrides: dict | None = None, name: str = "run") -> Path:
+        from trine.config import merge
+
+        base = {
+            "name": name,
+            "run_dir": str(tmp_path / name),
+            "seed": 0,
+            "num_threads": 2,
+            "model": {"path": str(tiny_model_dir)},
+            "tasks": {
+                "batch_size": 4,
+                "total_steps": 6,
+                "train": {"path": str(EXAMPLE / "data" / "train.jsonl"), "repeat": 4,
+                          "sampling": {"temperature": 1.0, "max_tokens": 4}},
+            },
+            "trainer": {"lr": 1e-3},
+            "eval": {"at_start": False},
+            "monitor": {"sinks": ["jsonl"], "plot": False},
+        }
+        data = merge(base, overrides or {})
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return make
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -1,0 +1,198 @@
+"""HFEngine: logprob parity with the trainer, greedy = HF generate, stops, seeds, async batching."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from trine.models import load_model, load_tokenizer
+from trine.models.engine import HFEngine
+from trine.trainer.batching import collate, forward_logprobs
+from trine.types import Experience, SamplingParams
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+QUESTIONS = ["hi", "What is 2+3? Tell me now, please.", "Once upon a time", "def f(x):"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_model(tiny_model_dir, dtype="float32", device="cpu")
+
+
+@pytest.fixture
+def engine(model, tokenizer):
+    engine = HFEngine(model, tokenizer, seed=0)
+    yield engine
+    engine.close()
+
+
+def prompts(tokenizer) -> list[list[int]]:
+    return [tokenizer(q)["input_ids"] for q in QUESTIONS]
+
+
+def test_engine_logprobs_match_the_trainers_recomputation(engine, model, tokenizer):
+    settings = [
+        SamplingParams(temperature=1.0, max_tokens=12, n=3),
+        SamplingParams(temperature=0.7, top_p=0.9, max_tokens=10, n=2),
+        SamplingParams(temperature=0.0, max_tokens=6, n=1),
+    ]
+    requests = [(p, s) for s in settings for p in prompts(tokenizer)]
+    results = engine.generate_batch(requests)
+    assert [len(r) for r in results] == [s.n for _, s in requests]
+    experiences = []
+    for (prompt, params), completions in zip(requests, results):
+        for c in completions:
+            assert c.prompt_ids == prompt and len(c.logprobs) == len(c.response_ids) > 0
+            experiences.append(Experience(
+                tokens=c.prompt_ids + c.response_ids, prompt_length=len(c.prompt_ids),
+                action_mask=[1] * len(c.response_ids), logprobs=c.logprobs,
+                info={"temperature": params.temperature},
+            ))
+    assert len({len(e.tokens) for e in experiences}) > 3  # a ragged batch, lots of padding
+    batch = collate(experiences, list(range(len(experiences))), tokenizer.pad_token_id, "cpu")
+    with torch.no_grad():
+        logprobs, _ = forward_logprobs(model, batch)
+    mask = batch.action_mask.bool()
+    assert int(mask.sum()) == sum(e.response_length for e in experiences)
+    torch.testing.assert_close(logprobs[mask], batch.old_logprobs[mask], atol=1e-5, rtol=0)
+
+
+def test_greedy_equals_hf_generate(engine, model, tokenizer):
+    for prompt in prompts(tokenizer)[:2]:
+        (completion,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12))])[0]
+        with torch.no_grad():
+            hf = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.pad_token_id)
+        expected = hf[0, len(prompt):].tolist()
+        if tokenizer.eos_token_id in expected:
+            expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
+        assert completion.response_ids == expected
+
+
+def test_top_k_one_equals_greedy_and_reports_untruncated_logprobs(engine, tokenizer):
+    prompt = prompts(tokenizer)[1]
+    (greedy,), (top1,) = engine.generate_batch([
+        (prompt, SamplingParams(temperature=0.0, max_tokens=10)),
+        (prompt, SamplingParams(temperature=1.0, top_k=1, max_tokens=10)),
+    ])
+    assert top1.response_ids == greedy.response_ids
+    # logprobs are of the T=1 distribution before truncation (not log 1 = 0)
+    assert top1.logprobs == pytest.approx(greedy.logprobs, abs=1e-5)
+    assert max(top1.logprobs) < -1e-3
+
+
+def test_max_tokens_and_finish_reasons(engine, tokenizer):
+    prompt = prompts(tokenizer)[0]
+    sampled = engine.generate_batch([(prompt, SamplingParams(temperature=1.0, max_tokens=7, n=30))])[0]
+    for c in sampled:
+        assert 1 <= len(c.response_ids) <= 7
+        if c.finish_reason == "length":
+            assert len(c.response_ids) == 7 and tokenizer.eos_token_id not in c.response_ids
+        else:
+            assert c.finish_reason == "stop" and c.response_ids[-1] == tokenizer.eos_token_id
+            assert tokenizer.eos_token_id not in c.response_ids[:-1]
+    (greedy,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12))])[0]
+    assert greedy.finish_reason == "length" and len(greedy.response_ids) == 12
+    # a stop token id ends the response at its first occurrence (the stop token is kept)
+    stop_id = greedy.response_ids[3]
+    first = greedy.response_ids.index(stop_id)
+    (stopped,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12,
+                                                                stop_token_ids=[stop_id]))])[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.response_ids == greedy.response_ids[: first + 1]
+
+
+def _stop_string(tokenizer, tokens: list[int]) -> tuple[str, int]:
+    """A printable piece of one token that does not occur in the text before it."""
+    for i in range(1, len(tokens)):
+        piece = tokenizer.decode([tokens[i]]).strip()
+        if piece and "\ufffd" not in piece and piece not in tokenizer.decode(tokens[:i]):
+            return piece, i
+    raise AssertionError(f"no usable stop string in {tokens}")
+
+
+def test_stop_strings_stop_generation(engine, tokenizer):
+    found = None
+    for prompt in prompts(tokenizer):
+        (greedy,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12))])[0]
+        try:
+            found = (prompt, greedy, *_stop_string(tokenizer, greedy.response_ids))
+            break
+        except AssertionError:
+            continue
+    assert found is not None, "no greedy response with a usable stop string"
+    prompt, greedy, stop, index = found
+    (stopped,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12, stop=[stop]))])[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.response_ids == greedy.response_ids[: index + 1]
+    assert stop in stopped.text and stop not in tokenizer.decode(stopped.response_ids[:-1])
+
+
+def test_seeds_make_sampling_reproducible(model, tokenizer):
+    prompt = prompts(tokenizer)[2]
+    engine = HFEngine(model, tokenizer, seed=0)
+
+    def sample(seed: int | None) -> list[list[int]]:
+        params = SamplingParams(temperature=1.0, max_tokens=8, n=3, seed=seed)
+        return [c.response_ids for c in engine.generate_batch([(prompt, params)])[0]]
+
+    first = sample(123)
+    sample(None)  # advances the engine's own generator; seeded requests do not depend on it
+    assert sample(123) == first
+    assert sample(124) != first
+    assert len({tuple(r) for r in first}) == 3  # the n samples of one seeded request differ
+    # the engine's own stream is reproducible from its seed
+    again = HFEngine(model, tokenizer, seed=0)
+    params = SamplingParams(temperature=1.0, max_tokens=8, n=2)
+    a = [c.response_ids for c in HFEngine(model, tokenizer, seed=5).generate_batch([(prompt, params)])[0]]
+    b = [c.response_ids for c in again.generate_batch([(prompt, params)])[0]]
+    c = [c.response_ids for c in HFEngine(model, tokenizer, seed=0).generate_batch([(prompt, params)])[0]]
+    assert b == c and a != b
+    for e in (engine, again):
+        e.close()
+
+
+def test_concurrent_chats_are_batched(model, tokenizer):
+    engine = HFEngine(model, tokenizer, seed=0, max_batch_size=16)
+    batches: list[int] = []
+    generate_batch = engine.generate_batch
+
+    def counting(requests):
+        batches.append(len(requests))
+        return generate_batch(requests)
+
+    engine.generate_batch = counting
+    chats = [[{"role": "user", "content": f"question number {i}" + "!" * i}] for i in range(20)]
+    params = SamplingParams(temperature=1.0, max_tokens=4, n=2)
+
+    async def main():
+        return await asyncio.gather(*(engine.chat(chat, params) for chat in chats))
+
+    results = asyncio.run(main())
+    engine.close()
+    assert len(results) == 20
+    for chat, completions in zip(chats, results):
+        assert len(completions) == 2
+        assert all(c.prompt_ids == engine.encode_chat(chat) for c in completions)
+    assert sum(batches) == 20
+    assert 1 < len(batches) < 20  # batched, and split to respect max_batch_size (16 rows = 8 requests)
+    assert max(batches) <= 8, batches
+
+
+def test_generate_rejects_an_empty_prompt_and_keeps_training_mode(engine, model):
+    with pytest.raises(ValueError, match="empty prompt"):
+        asyncio.run(engine.generate([], SamplingParams()))
+    model.train()
+    try:
+        engine.generate_batch([([1, 2, 3], SamplingParams(max_tokens=2))])
+        assert model.training
+    finally:
+        model.eval()

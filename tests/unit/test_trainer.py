@@ -1,0 +1,233 @@
+"""Trainer: micro-batch-independent gradients, batching/collation, LR schedule, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trine.algorithms import PRESETS
+from trine.models import load_model, load_tokenizer
+from trine.trainer import (
+    Trainer,
+    collate,
+    forward_logprobs,
+    list_checkpoints,
+    load_states,
+    lr_lambda,
+    plan_micro_batches,
+    save_checkpoint,
+)
+from trine.types import Experience
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# (prompt, response, reward, group): different prompt and response lengths, including a short
+# sequence next to a long response (its row is mostly padding inside the logits window).
+SPECS = [
+    ("What is 2+3?", "5", 1.0, "a"),
+    ("Hi", "hello there my friend, how are you today?", 0.0, "a"),
+    ("A much longer prompt about many things and more", "ok", 1.0, "b"),
+    ("x", "yes no", 0.5, "b"),
+    ("Q", "1 2 3 4 5 6 7 8", 0.0, "a"),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def experiences(tiny_model_dir, tokenizer) -> list[Experience]:
+    """Rollout-like experiences whose behaviour logprobs are near (not at) the model's own."""
+    model = load_model(tiny_model_dir)
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for question, answer, reward, group in SPECS:
+        prompt = tokenizer(question)["input_ids"]
+        response = tokenizer(answer)["input_ids"]
+        mask = [1] * len(response)
+        if len(mask) > 2:
+            mask[-2] = 0  # an observation token inside the response
+        exp = Experience(tokens=prompt + response, prompt_length=len(prompt), action_mask=mask,
+                         reward=reward, group_id=group)
+        with torch.no_grad():
+            logprobs, _ = forward_logprobs(model, collate([exp], [0], tokenizer.pad_token_id, "cpu"))
+        noisy = logprobs[0] + 0.3 * torch.randn(logprobs.shape[1], generator=gen)
+        exp.logprobs = (noisy * torch.tensor(mask)).tolist()
+        exp.check()
+        out.append(exp)
+    return out
+
+
+def _trainer(model_dir, tokenizer, **kwargs) -> Trainer:
+    args = dict(pad_token_id=tokenizer.pad_token_id, lr=1.0, eps=1.0, grad_clip=0.0)
+    args.update(kwargs)
+    return Trainer(load_model(model_dir), PRESETS["grpo"], **args)
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_gradient_and_update_do_not_depend_on_the_micro_batch_split(tiny_model_dir, tokenizer, experiences):
+    # AdamW with eps=1 makes the first update ~ lr * g / (|g| + 1): close to linear in the gradient,
+    # so equal updates mean equal gradients (with eps=1e-8 tiny gradients would be sign-amplified).
+    lengths = [len(e.tokens) for e in experiences]
+    results = {}
+    for budget in (10**6, 1):
+        trainer = _trainer(tiny_model_dir, tokenizer, micro_batch_tokens=budget)
+        before = _state(trainer.model)
+        grads: dict[str, torch.Tensor] = {}
+        step_optimizer = trainer._optimizer_step
+
+        def record(trainer=trainer, grads=grads, step_optimizer=step_optimizer):
+            grads.update({n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None})
+            return step_optimizer()
+
+        trainer._optimizer_step = record
+        metrics = trainer.step(experiences)
+        results[budget] = (grads, _state(trainer.model), metrics)
+        assert trainer.version == 1
+    assert len(plan_micro_batches(lengths, 1)) == len(experiences)
+    assert len(plan_micro_batches(lengths, 10**6)) == 1
+
+    (g_big, w_big, m_big), (g_small, w_small, m_small) = results[10**6], results[1]
+    assert g_big.keys() == g_small.keys() and len(g_big) > 0
+    assert max(float(g.abs().max()) for g in g_big.values()) > 1e-2
+    for name in g_big:
+        torch.testing.assert_close(g_small[name], g_big[name], atol=1e-6, rtol=1e-4, msg=name)
+    assert _max_diff(w_big, before) > 1e-2  # the step really moved the weights
+    assert _max_diff(w_big, w_small) < 1e-6
+    for key in ("trainer/loss", "trainer/clipfrac", "trainer/approx_kl", "trainer/entropy"):
+        assert m_small[key] == pytest.approx(m_big[key], abs=1e-5), key
+    assert 0.0 < m_big["trainer/clipfrac"] < 1.0  # both clipped and unclipped tokens were exercised
+    assert m_big["trainer/padding_fraction"] > 0.0 and m_small["trainer/padding_fraction"] == 0.0
+
+
+def test_step_requires_rewards_and_counts_empty_batches(tiny_model_dir, tokenizer, experiences):
+    trainer = _trainer(tiny_model_dir, tokenizer)
+    assert trainer.step([]) == {"trainer/empty_batch": 1.0} and trainer.version == 1
+    pending = Experience.from_dict({**experiences[0].to_dict(), "reward": None})
+    with pytest.raises(ValueError, match="no reward yet"):
+        trainer.step([pending, experiences[1]])
+
+
+def test_plan_micro_batches_respects_the_budget_and_buckets_by_length():
+    lengths = [10, 3, 9, 2, 4, 11]
+    assert plan_micro_batches(lengths, 22) == [[5, 0], [2, 4], [1, 3]]
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 50, (40,), generator=gen).tolist()
+    for budget in (1, 30, 64, 200, 10_000):
+        plan = plan_micro_batches(lengths, budget)
+        assert sorted(i for batch in plan for i in batch) == list(range(40))
+        previous_min = math.inf
+        for batch in plan:
+            width = max(lengths[i] for i in batch)
+            assert len(batch) == 1 or len(batch) * width <= budget
+            assert width <= previous_min  # longest first: each batch holds similar lengths
+            previous_min = min(lengths[i] for i in batch)
+
+
+def test_collate_left_pads_and_right_aligns_the_response():
+    exps = [
+        Experience(tokens=[5, 6, 7, 8], prompt_length=2, action_mask=[1, 0], logprobs=[-1.0, 0.0],
+                   info={"temperature": 0.5}),
+        Experience(tokens=[9, 10, 11, 12, 13, 14], prompt_length=3, action_mask=[1, 1, 1],
+                   logprobs=[-0.1, -0.2, -0.3]),
+        Experience(tokens=[20, 21], prompt_length=2, action_mask=[], logprobs=[], info={"temperature": 0.0}),
+    ]
+    batch = collate(exps, [1, 0, 2], pad_id=0, device="cpu")
+    assert batch.rows == [1, 0, 2]
+    assert batch.input_ids.tolist() == [[9, 10, 11, 12, 13, 14], [0, 0, 5, 6, 7, 8], [0, 0, 0, 0, 20, 21]]
+    assert batch.attention_mask.tolist() == [[1] * 6, [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 3], [0, 0, 0, 0, 0, 1]]
+    assert batch.targets.tolist() == [[12, 13, 14], [6, 7, 8], [0, 20, 21]]  # last R columns
+    assert batch.action_mask.tolist() == [[1, 1, 1], [0, 1, 0], [0, 0, 0]]
+    expected_old = torch.tensor([[-0.1, -0.2, -0.3], [0.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(batch.old_logprobs, expected_old)
+    assert batch.temperature.flatten().tolist() == [1.0, 0.5, 1.0]  # greedy rows train at T=1
+    assert (batch.num_tokens, batch.padded_tokens) == (12, 18)
+    exps[0].logprobs = None
+    assert collate(exps, [0, 1], pad_id=0, device="cpu").old_logprobs is None
+    with pytest.raises(ValueError, match="prompt_length=0"):
+        collate([Experience(tokens=[1, 2], prompt_length=0, action_mask=[1, 1])], [0], 0, "cpu")
+
+
+def test_lr_schedule_warmup_then_cosine():
+    f = lr_lambda("cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
+    assert [f(0), f(1), f(2)] == pytest.approx([0.5, 1.0, 1.0])
+    assert f(6) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # halfway: 0.55
+    assert f(4) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.25)))
+    assert f(10) == pytest.approx(0.1) and f(50) == pytest.approx(0.1)
+    constant = lr_lambda("constant", warmup_steps=4, total_steps=10, min_lr_ratio=0.1)
+    assert [constant(s) for s in (0, 3, 4, 9)] == pytest.approx([0.25, 1.0, 1.0, 1.0])
+    assert lr_lambda("cosine", 0, None, 0.0)(7) == 1.0  # no known length: constant
+
+
+def test_trainer_lr_follows_the_schedule(tiny_model_dir, tokenizer, experiences):
+    trainer = _trainer(tiny_model_dir, tokenizer, lr=0.1, lr_schedule="cosine", warmup_steps=1,
+                       total_steps=3, min_lr_ratio=0.0, mini_batches=1)
+    lrs = [trainer.step(experiences[:2])["trainer/lr"] for _ in range(3)]
+    assert lrs == pytest.approx([0.1, 0.1 * 0.5 * (1 + math.cos(math.pi * 0.5)), 0.0], abs=1e-9)
+
+
+def test_checkpoint_round_trip_gives_an_identical_next_step(tiny_model_dir, tokenizer, experiences, tmp_path):
+    kwargs = dict(lr=0.01, eps=1e-8, grad_clip=1.0, lr_schedule="cosine", warmup_steps=1, total_steps=4,
+                  mini_batches=2)
+    first = _trainer(tiny_model_dir, tokenizer, **kwargs)
+    first.step(experiences)
+    root = tmp_path / "checkpoints"
+    path = save_checkpoint(root, 1, model=first.model, tokenizer=tokenizer, trainer_state=first.state_dict(),
+                           loop_state={"step": 1, "stage": "main"})
+    assert path == root / "step_1" and list_checkpoints(root) == [path]
+    trainer_state, loop_state = load_states(path)
+    assert loop_state["step"] == 1 and loop_state["stage"] == "main" and "rng" in loop_state
+
+    second = _trainer(path, load_tokenizer(path), **kwargs)
+    _ = [torch.testing.assert_close(v, first.model.state_dict()[k], rtol=0, atol=0)
+         for k, v in second.model.state_dict().items()]
+    second.load_state_dict(trainer_state)
+    assert second.version == first.version == 1
+
+    a, b = first.step(experiences), second.step(experiences)
+    assert a["trainer/lr"] == b["trainer/lr"] and a["trainer/loss"] == pytest.approx(b["trainer/loss"])
+    assert _max_diff(_state(first.model), _state(second.model)) < 1e-6
+    # a fresh trainer (fresh optimizer state, schedule and shuffle RNG) would have stepped differently
+    fresh = _trainer(path, tokenizer, **kwargs)
+    fresh.step(experiences)
+    assert _max_diff(_state(fresh.model), _state(first.model)) > 1e-4
+
+
+class _TinyModel(torch.nn.Module):
+    """Stands in for an HF model: save_pretrained writes a small weights file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2))
+
+    def save_pretrained(self, path) -> None:
+        torch.save(self.state_dict(), path / "weights.pt")
+
+
+def test_checkpoints_ignore_tmp_dirs_and_keep_prunes_old_ones(tokenizer, tmp_path):
+    root = tmp_path / "ckpt"
+    model = _TinyModel()
+    for step in (1, 2, 10, 3):
+        save_checkpoint(root, step, model=model, tokenizer=tokenizer, trainer_state={"step": step},
+                        loop_state={}, keep=3)
+    assert [p.name for p in list_checkpoints(root)] == ["step_2", "step_3", "step_10"]  # numeric order
+    (root / "step_99.tmp").mkdir()  # a crash in the middle of writing step 99
+    (root / "step_x").mkdir()
+    assert [p.name for p in list_checkpoints(root)] == ["step_2", "step_3", "step_10"]
+    save_checkpoint(root, 11, model=model, tokenizer=tokenizer, trainer_state={}, loop_state={}, keep=1)
+    assert [p.name for p in list_checkpoints(root)] == ["step_11"]
+    assert not (root / "step_11.tmp").exists() and (root / "step_11" / "weights.pt").is_file()
+    assert (root / "step_11" / "tokenizer.json").is_file()
+    assert list_checkpoints(tmp_path / "nothing") == []
