@@ -307,9 +307,22 @@ class RunConfig(Section):
     def _consistent(self) -> RunConfig:
         if self.tasks.train is None:
             raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
+        problems = []
         if self.sync.sync_interval < 1 or self.sync.sync_offset < 0:
-            raise ValueError(f"sync.sync_interval={self.sync.sync_interval} must be >= 1 and "
-                             f"sync.sync_offset={self.sync.sync_offset} must be >= 0")
+            problems.append(f"sync.sync_interval={self.sync.sync_interval} must be >= 1 and "
+                            f"sync.sync_offset={self.sync.sync_offset} must be >= 0")
+        if self.mode == "train" and (self.sync.sync_offset or self.sync.sync_interval != 1):
+            problems.append("sync settings only apply to mode 'sync' (there is no explorer in mode 'train'); "
+                            "remove them or set mode: sync")
+        algo = None if registry.check("algorithm", self.algorithm.name) else registry.resolve("algorithm", self.algorithm.name)
+        if algo is not None and self.mode == "sync" and not algo.from_rollouts:
+            problems.append(f"algorithm {self.algorithm.name!r} trains from data, not rollouts; "
+                            "set mode: train for it, or pick an RL algorithm such as grpo")
+        if algo is not None and self.mode == "train" and algo.from_rollouts:
+            problems.append(f"mode 'train' needs a supervised algorithm such as sft, not {self.algorithm.name!r}; "
+                            "set mode: sync to learn from rollouts")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -324,18 +337,23 @@ class ConfigError(ValueError):
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node = data
     parts = key.split(".")
-    for part in parts[:-1]:
-        if part.isdigit() and isinstance(node, list):
-            node = node[int(part)]
-            continue
-        node = node.setdefault(part, {})
-        if not isinstance(node, (dict, list)):
-            raise ConfigError([f"{key}: cannot set a sub-key of a non-mapping value"])
-    last = parts[-1]
-    if isinstance(node, list) and last.isdigit():
-        node[int(last)] = value
-    else:
-        node[last] = value
+    for depth, part in enumerate(parts):
+        where = ".".join(parts[:depth]) or "the top level"
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError([f"override {key!r}: {where} is a list of {len(node)}; "
+                                   f"use an index 0..{len(node) - 1} instead of {part!r}"])
+            index: Any = int(part)
+        elif isinstance(node, dict):
+            index = part
+        else:
+            raise ConfigError([f"override {key!r}: {where} is a value, not a mapping; it has no key {part!r}"])
+        if depth == len(parts) - 1:
+            node[index] = value
+        else:
+            if isinstance(node, dict) and node.get(part) is None:
+                node[part] = {}
+            node = node[index]
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -441,7 +459,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> list[Ru
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: expected a mapping at the top level, got {type(data).__name__}"])
     data = apply_overrides(data, overrides or [])
-    stages, errors = validate_dict(data, base_dir=path.parent)
+    stages, errors = validate_dict(data, base_dir=path.absolute().parent)  # absolute paths out
     if errors:
         raise ConfigError(errors)
     return stages

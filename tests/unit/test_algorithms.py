@@ -62,8 +62,9 @@ def test_grpo_singleton_and_constant_groups_get_zero():
 
 
 def test_grpo_without_std_normalisation():
-    adv, _ = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 4.0]), torch.tensor([0, 0, 0, 0, 1]),
-                             std_normalize=False)
+    adv, _ = grpo_advantages(
+        torch.tensor([1.0, 0.0, 0.0, 1.0, 4.0]), torch.tensor([0, 0, 0, 0, 1]), std_normalize=False
+    )
     assert adv.tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0.0])
 
 

@@ -12,8 +12,16 @@ from trine.types import Experience
 
 
 def exp(i: int, *, reward: float | None = 1.0, version: int = 0) -> Experience:
-    return Experience(tokens=[1, 2, 3, 4], prompt_length=2, action_mask=[1, 1], logprobs=[-0.5, -0.25],
-                      reward=reward, task_id=f"t{i}", policy_version=version, info={"i": i})
+    return Experience(
+        tokens=[1, 2, 3, 4],
+        prompt_length=2,
+        action_mask=[1, 1],
+        logprobs=[-0.5, -0.25],
+        reward=reward,
+        task_id=f"t{i}",
+        policy_version=version,
+        info={"i": i},
+    )
 
 
 def ids(exps: list[Experience]) -> list[int]:
@@ -121,8 +129,11 @@ def test_state_dict_round_trip():
 
     other = MemoryBuffer()
     other.load_state_dict(state)
-    assert other.metrics() == buf.metrics() == {"buffer/size": 1.0, "buffer/pending": 1.0,
-                                                 "buffer/dropped_stale": 2.0}
+    assert (
+        other.metrics()
+        == buf.metrics()
+        == {"buffer/size": 1.0, "buffer/pending": 1.0, "buffer/dropped_stale": 2.0}
+    )
     assert other.consumed == buf.consumed == 1
     assert other.get(1, timeout=0)[0].to_dict() == buf.get(1, timeout=0)[0].to_dict()
     assert other.set_rewards({pending.id: 2.0}) == 1

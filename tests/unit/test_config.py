@@ -157,6 +157,11 @@ def test_relative_paths_resolve_against_the_config_directory(project, tmp_path_f
     (stage,) = load_config(path)
     assert stage.model.path == str(project / "model")
     assert stage.tasks.train.path == str(project / "data.jsonl")
+    # a config given by a relative path still yields absolute paths (the resolved config is reusable)
+    monkeypatch.chdir(project.parent)
+    (stage,) = load_config(Path(project.name) / "ok.yaml")
+    assert stage.model.path == str(project / "model")
+    assert stage.tasks.train.path == str(project / "data.jsonl")
 
 
 def test_unreadable_files_give_one_clear_error(project):
@@ -170,7 +175,9 @@ def test_unreadable_files_give_one_clear_error(project):
 def test_cli_validate_exits_2_and_prints_every_error(project):
     result = subprocess.run(
         [sys.executable, "-m", "trine.cli", "validate", str(_broken(project))],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2, result.stdout + result.stderr
     for key in ("trainer.lrr", "tasks.batch_size", "tasks.train.path", "tasks.train.reward"):
@@ -187,3 +194,25 @@ def test_cli_validate_ok(project):
     result = CliRunner().invoke(app, ["validate", str(path), "trainer.lr=0.5"])
     assert result.exit_code == 0, result.output
     assert "OK (1 stage(s): main)" in result.output
+
+
+def test_conflicting_settings_get_one_clear_message(project):
+    data = {**_good(project), "mode": "train", "sync": {"sync_offset": 1}}
+    stages, errors = validate_dict(data, base_dir=project)
+    assert stages == [] and len(errors) == 1
+    assert "sync settings only apply to mode 'sync'" in errors[0]
+    assert "mode 'train' needs a supervised algorithm such as sft" in errors[0]
+
+    data = {**_good(project), "algorithm": {"name": "sft"}}
+    _, errors = validate_dict(data, base_dir=project)
+    assert len(errors) == 1 and "algorithm 'sft' trains from data, not rollouts; set mode: train" in errors[0]
+
+
+def test_bad_override_paths_are_config_errors():
+    data = {"stages": [{"stage": "a"}, {"stage": "b"}], "trainer": {"lr": 1.0}}
+    with pytest.raises(ConfigError, match="stages is a list of 2; use an index 0..1"):
+        apply_overrides(data, ["stages.5.trainer.lr=1"])
+    with pytest.raises(ConfigError, match="trainer.lr is a value, not a mapping"):
+        apply_overrides(data, ["trainer.lr.x=1"])
+    with pytest.raises(ConfigError, match="not of the form key.sub=value"):
+        apply_overrides(data, ["trainer.lr"])

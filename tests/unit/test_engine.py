@@ -48,14 +48,18 @@ def test_engine_logprobs_match_the_trainers_recomputation(engine, model, tokeniz
     results = engine.generate_batch(requests)
     assert [len(r) for r in results] == [s.n for _, s in requests]
     experiences = []
-    for (prompt, params), completions in zip(requests, results):
+    for (prompt, params), completions in zip(requests, results, strict=True):
         for c in completions:
             assert c.prompt_ids == prompt and len(c.logprobs) == len(c.response_ids) > 0
-            experiences.append(Experience(
-                tokens=c.prompt_ids + c.response_ids, prompt_length=len(c.prompt_ids),
-                action_mask=[1] * len(c.response_ids), logprobs=c.logprobs,
-                info={"temperature": params.temperature},
-            ))
+            experiences.append(
+                Experience(
+                    tokens=c.prompt_ids + c.response_ids,
+                    prompt_length=len(c.prompt_ids),
+                    action_mask=[1] * len(c.response_ids),
+                    logprobs=c.logprobs,
+                    info={"temperature": params.temperature},
+                )
+            )
     assert len({len(e.tokens) for e in experiences}) > 3  # a ragged batch, lots of padding
     batch = collate(experiences, list(range(len(experiences))), tokenizer.pad_token_id, "cpu")
     with torch.no_grad():
@@ -69,9 +73,14 @@ def test_greedy_equals_hf_generate(engine, model, tokenizer):
     for prompt in prompts(tokenizer)[:2]:
         (completion,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12))])[0]
         with torch.no_grad():
-            hf = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.pad_token_id)
-        expected = hf[0, len(prompt):].tolist()
+            hf = model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=12,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        expected = hf[0, len(prompt) :].tolist()
         if tokenizer.eos_token_id in expected:
             expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
         assert completion.response_ids == expected
@@ -79,10 +88,12 @@ def test_greedy_equals_hf_generate(engine, model, tokenizer):
 
 def test_top_k_one_equals_greedy_and_reports_untruncated_logprobs(engine, tokenizer):
     prompt = prompts(tokenizer)[1]
-    (greedy,), (top1,) = engine.generate_batch([
-        (prompt, SamplingParams(temperature=0.0, max_tokens=10)),
-        (prompt, SamplingParams(temperature=1.0, top_k=1, max_tokens=10)),
-    ])
+    (greedy,), (top1,) = engine.generate_batch(
+        [
+            (prompt, SamplingParams(temperature=0.0, max_tokens=10)),
+            (prompt, SamplingParams(temperature=1.0, top_k=1, max_tokens=10)),
+        ]
+    )
     assert top1.response_ids == greedy.response_ids
     # logprobs are of the T=1 distribution before truncation (not log 1 = 0)
     assert top1.logprobs == pytest.approx(greedy.logprobs, abs=1e-5)
@@ -104,8 +115,9 @@ def test_max_tokens_and_finish_reasons(engine, tokenizer):
     # a stop token id ends the response at its first occurrence (the stop token is kept)
     stop_id = greedy.response_ids[3]
     first = greedy.response_ids.index(stop_id)
-    (stopped,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12,
-                                                                stop_token_ids=[stop_id]))])[0]
+    (stopped,) = engine.generate_batch(
+        [(prompt, SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_id]))]
+    )[0]
     assert stopped.finish_reason == "stop"
     assert stopped.response_ids == greedy.response_ids[: first + 1]
 
@@ -130,7 +142,9 @@ def test_stop_strings_stop_generation(engine, tokenizer):
             continue
     assert found is not None, "no greedy response with a usable stop string"
     prompt, greedy, stop, index = found
-    (stopped,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12, stop=[stop]))])[0]
+    (stopped,) = engine.generate_batch(
+        [(prompt, SamplingParams(temperature=0.0, max_tokens=12, stop=[stop]))]
+    )[0]
     assert stopped.finish_reason == "stop"
     assert stopped.response_ids == greedy.response_ids[: index + 1]
     assert stop in stopped.text and stop not in tokenizer.decode(stopped.response_ids[:-1])
@@ -179,7 +193,7 @@ def test_concurrent_chats_are_batched(model, tokenizer):
     results = asyncio.run(main())
     engine.close()
     assert len(results) == 20
-    for chat, completions in zip(chats, results):
+    for chat, completions in zip(chats, results, strict=True):
         assert len(completions) == 2
         assert all(c.prompt_ids == engine.encode_chat(chat) for c in completions)
     assert sum(batches) == 20

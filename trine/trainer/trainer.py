@@ -95,6 +95,7 @@ class Trainer:
         advantages = self._advantages(experiences, metrics)
         minis = self._prepare(experiences, advantages)
         self.model.train()
+        lr = self.optimizer.param_groups[0]["lr"]  # the LR this step trains with (before scheduler.step)
         sums: dict[str, float] = {}
         tokens = padded = 0
         for _ in range(self.update_epochs):
@@ -119,7 +120,7 @@ class Trainer:
         for key, value in sums.items():
             metrics[f"trainer/{key}"] = value / (opt_steps if key in ("loss", "grad_norm") else weight)
         metrics.update({
-            "trainer/lr": self.scheduler.get_last_lr()[0],
+            "trainer/lr": lr,
             "trainer/tokens_per_second": tokens / max(elapsed, 1e-9),
             "trainer/padding_fraction": 1.0 - tokens / max(padded, 1),
             "trainer/batch_size": float(len(experiences)),
