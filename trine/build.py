@@ -111,20 +111,40 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
     ref_model = _frozen_copy(model) if algorithm.needs_ref else None
     t = cfg.trainer
     trainer = Trainer(
-        model, algorithm, pad_token_id=tokenizer.pad_token_id, ref_model=ref_model,
-        lr=t.lr, weight_decay=t.weight_decay, betas=t.betas, eps=t.eps, lr_schedule=t.lr_schedule,
-        warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio, total_steps=total, grad_clip=t.grad_clip,
-        micro_batch_tokens=t.micro_batch_tokens, mini_batches=t.mini_batches, update_epochs=t.update_epochs,
-        recompute_logprobs=t.recompute_logprobs, max_response_length=cfg.tasks.train.sampling.max_tokens,
+        model,
+        algorithm,
+        pad_token_id=tokenizer.pad_token_id,
+        ref_model=ref_model,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        betas=t.betas,
+        eps=t.eps,
+        lr_schedule=t.lr_schedule,
+        warmup_steps=t.warmup_steps,
+        min_lr_ratio=t.min_lr_ratio,
+        total_steps=total,
+        grad_clip=t.grad_clip,
+        micro_batch_tokens=t.micro_batch_tokens,
+        mini_batches=t.mini_batches,
+        update_epochs=t.update_epochs,
+        recompute_logprobs=t.recompute_logprobs,
+        max_response_length=cfg.tasks.train.sampling.max_tokens,
         seed=cfg.seed,
     )
-    stage = Stage(cfg=cfg, algorithm=algorithm, trainer=trainer, scheduler=scheduler, total_steps=total,
-                  eval_sets=[build_taskset(e) for e in cfg.tasks.eval])
+    stage = Stage(
+        cfg=cfg,
+        algorithm=algorithm,
+        trainer=trainer,
+        scheduler=scheduler,
+        total_steps=total,
+        eval_sets=[build_taskset(e) for e in cfg.tasks.eval],
+    )
     if cfg.mode == "sync" or stage.eval_sets:
         _build_explorer(stage, model, tokenizer, run_dir)
     if cfg.mode == "sync" and cfg.sync.sync_offset > 0 and stage.eval_sets:
-        stage.eval_explorer = _explorer(cfg, HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size,
-                                                      seed=cfg.seed), None)
+        stage.eval_explorer = _explorer(
+            cfg, HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed), None
+        )
     return stage
 
 
@@ -134,7 +154,9 @@ def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> 
     cfg = stage.cfg
     snapshot = cfg.mode == "sync" and cfg.sync.sync_offset > 0
     rollout_model = _frozen_copy(model) if snapshot else model
-    stage.engine = HFEngine(rollout_model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
+    stage.engine = HFEngine(
+        rollout_model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed
+    )
     stage.sync = StateDictCopy() if snapshot else SharedWeights()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
     stage.explorer = stage.eval_explorer = _explorer(cfg, stage.engine, rollouts)
@@ -145,8 +167,14 @@ def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None) -> Any:
     from trine.explorer import Explorer
 
     e = cfg.explorer
-    return Explorer(engine, timeout=e.timeout, max_retries=e.max_retries, max_concurrency=e.max_concurrency,
-                    reward_timeout=e.reward_timeout, rollouts_path=rollouts)
+    return Explorer(
+        engine,
+        timeout=e.timeout,
+        max_retries=e.max_retries,
+        max_concurrency=e.max_concurrency,
+        reward_timeout=e.reward_timeout,
+        rollouts_path=rollouts,
+    )
 
 
 def HFEngine(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (lazy import of the engine class)
@@ -171,23 +199,38 @@ def sft_experiences(tasks: list[Any], tokenizer: Any, response_key: str | None) 
     for task in tasks:
         target = task.raw.get(response_key) if response_key else task.answer
         if target is None:
-            raise ValueError(f"task {task.task_id} has no target response for supervised training; set "
-                             f"tasks.train.response_key or answer_key to a field present in the data.")
+            raise ValueError(
+                f"task {task.task_id} has no target response for supervised training; set "
+                f"tasks.train.response_key or answer_key to a field present in the data."
+            )
         tokens, prompt_length = encode_sft(tokenizer, task.messages(), str(target))
-        out.append(Experience(tokens=tokens, prompt_length=prompt_length, kind="sft", task_id=task.task_id,
-                              action_mask=[1] * (len(tokens) - prompt_length), reward=0.0))
+        out.append(
+            Experience(
+                tokens=tokens,
+                prompt_length=prompt_length,
+                kind="sft",
+                task_id=task.task_id,
+                action_mask=[1] * (len(tokens) - prompt_length),
+                reward=0.0,
+            )
+        )
     return out
 
 
 def stage_state(stage: Stage) -> dict[str, Any]:
     """What a checkpoint needs besides weights and trainer state (call with ``stage.gate`` held)."""
-    state: dict[str, Any] = {"stage_step": stage.step, "scheduler": stage.scheduler.state_dict(),
-                             "pending": list(stage.pending)}
+    state: dict[str, Any] = {
+        "stage_step": stage.step,
+        "scheduler": stage.scheduler.state_dict(),
+        "pending": list(stage.pending),
+    }
     if stage.engine is not None:
         state["buffer"] = stage.buffer.state_dict()
         state["engine"] = stage.engine.state_dict()
         if stage.engine.model is not stage.trainer.model:  # a snapshot: keep its weights and pushed versions
-            state["engine_weights"] = {k: v.detach().cpu().clone() for k, v in stage.engine.model.state_dict().items()}
+            state["engine_weights"] = {
+                k: v.detach().cpu().clone() for k, v in stage.engine.model.state_dict().items()
+            }
             state["sync"] = stage.sync.state_dict()
     return state
 
@@ -195,10 +238,14 @@ def stage_state(stage: Stage) -> dict[str, Any]:
 def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, Any], path: Path) -> None:
     """Put a freshly built stage back where the checkpoint at ``path`` left it."""
     stage.trainer.load_state_dict(trainer_state)
-    if stage.trainer.ref_model is not None:  # the reference is the stage's starting weights, not the checkpoint's
+    if (
+        stage.trainer.ref_model is not None
+    ):  # the reference is the stage's starting weights, not the checkpoint's
         from safetensors.torch import load_file
 
-        stage.trainer.ref_model.load_state_dict(load_file(str(Path(path) / "ref_model" / "model.safetensors")), strict=False)
+        stage.trainer.ref_model.load_state_dict(
+            load_file(str(Path(path) / "ref_model" / "model.safetensors")), strict=False
+        )
     stage.step = state["stage_step"]
     stage.scheduler.load_state_dict(state["scheduler"])
     stage.pending = list(state["pending"])

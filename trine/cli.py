@@ -9,8 +9,12 @@ from typing import Any
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Trine: reinforcement fine-tuning of language models (explorer → buffer → trainer).")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Trine: reinforcement fine-tuning of language models (explorer → buffer → trainer).",
+)
 
 PLUGIN_HELP = "Python file(s) to load first; their @trine.register(...) plugins become valid names."
 
@@ -63,7 +67,8 @@ def init_model(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing directory."),
 ) -> None:
     """Build a tiny Qwen2-architecture model and byte-level BPE tokenizer locally."""
-    from trine.models import count_parameters, init_model as build, load_model
+    from trine.models import count_parameters, load_model
+    from trine.models import init_model as build
 
     try:
         path = build(preset, out_dir, seed=seed, overwrite=overwrite)
@@ -100,8 +105,13 @@ def print_summary(summary: dict[str, Any]) -> None:
         start, end = rec.get("eval_start", {}), rec.get("eval_end", {})
         keys = sorted(set(start) | set(end)) or ["-"]
         for i, key in enumerate(keys):
-            table.add_row(stage if i == 0 else "", key, _pct(start.get(key)), _pct(end.get(key)),
-                          f"{rec.get('seconds', 0.0):.1f}" if i == 0 else "")
+            table.add_row(
+                stage if i == 0 else "",
+                key,
+                _pct(start.get(key)),
+                _pct(end.get(key)),
+                f"{rec.get('seconds', 0.0):.1f}" if i == 0 else "",
+            )
     console = Console(file=sys.stdout)
     console.print(table)
     console.print(f"run directory: {summary.get('run_dir')}")

@@ -132,8 +132,10 @@ class TasksetConfig(Section):
     @classmethod
     def _exists(cls, v: str) -> str:
         if not Path(v).exists():
-            raise ValueError(f"taskset file {v!r} does not exist; check the path (relative paths are resolved "
-                             "against the config file's directory).")
+            raise ValueError(
+                f"taskset file {v!r} does not exist; check the path (relative paths are resolved "
+                "against the config file's directory)."
+            )
         return v
 
 
@@ -154,7 +156,9 @@ class TasksConfig(Section):
     @model_validator(mode="after")
     def _length(self) -> TasksConfig:
         if self.total_steps is None and self.epochs is None:
-            raise ValueError("set tasks.total_steps or tasks.epochs (or both) so the stage knows when to stop")
+            raise ValueError(
+                "set tasks.total_steps or tasks.epochs (or both) so the stage knows when to stop"
+            )
         return self
 
 
@@ -193,7 +197,9 @@ class AlgorithmConfig(Section):
     """Extra keyword arguments of the advantage function (merged over the preset's)."""
     loss_args: dict[str, Any] | None = None
     """Extra keyword arguments of the loss (e.g. clip_low, clip_high; merged over the preset's)."""
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None = None
+    loss_agg: (
+        Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
+    ) = None
     """Loss aggregation; normalized over the whole step, not per micro-batch."""
     kl_coef: float | None = None
     """KL-to-reference loss coefficient (> 0 loads a frozen reference model)."""
@@ -291,14 +297,23 @@ class RunConfig(Section):
     """Checkpoint and stop once this many steps (counted over all stages) are done; run again to
     continue (for time-limited jobs)."""
     model: ModelConfig = ModelConfig(init_preset="tiny-1m")
+    """The policy model (``trine.models``)."""
     tasks: TasksConfig = TasksConfig(total_steps=1)
+    """Tasksets and how many steps to run (``trine.tasks``)."""
     explorer: ExplorerConfig = ExplorerConfig()
+    """Running workflows with the rollout engine (``trine.explorer``, ``trine.models.engine``)."""
     buffer: BufferConfig = BufferConfig()
+    """Experience storage between explorer and trainer (``trine.buffer``)."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    """Advantage, loss, KL and entropy settings (``trine.algorithms``)."""
     trainer: TrainerConfig = TrainerConfig()
+    """Optimizer, schedule, micro-batching, checkpoints (``trine.trainer``)."""
     sync: SyncConfig = SyncConfig()
+    """How often and how far ahead the explorer gets new weights (``trine.sync``)."""
     eval: EvalConfig = EvalConfig()
+    """Evaluation on ``tasks.eval``."""
     monitor: MonitorConfig = MonitorConfig()
+    """Metric sinks and plots (``trine.monitor``)."""
     stages: list[dict[str, Any]] = []
     """Stages run in order, each a partial config (with a ``stage`` name) merged over the top-level
     settings and starting from the previous stage's weights (e.g. an SFT warm-up then GRPO)."""
@@ -309,18 +324,30 @@ class RunConfig(Section):
             raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
         problems = []
         if self.sync.sync_interval < 1 or self.sync.sync_offset < 0:
-            problems.append(f"sync.sync_interval={self.sync.sync_interval} must be >= 1 and "
-                            f"sync.sync_offset={self.sync.sync_offset} must be >= 0")
+            problems.append(
+                f"sync.sync_interval={self.sync.sync_interval} must be >= 1 and "
+                f"sync.sync_offset={self.sync.sync_offset} must be >= 0"
+            )
         if self.mode == "train" and (self.sync.sync_offset or self.sync.sync_interval != 1):
-            problems.append("sync settings only apply to mode 'sync' (there is no explorer in mode 'train'); "
-                            "remove them or set mode: sync")
-        algo = None if registry.check("algorithm", self.algorithm.name) else registry.resolve("algorithm", self.algorithm.name)
+            problems.append(
+                "sync settings only apply to mode 'sync' (there is no explorer in mode 'train'); "
+                "remove them or set mode: sync"
+            )
+        algo = (
+            None
+            if registry.check("algorithm", self.algorithm.name)
+            else registry.resolve("algorithm", self.algorithm.name)
+        )
         if algo is not None and self.mode == "sync" and not algo.from_rollouts:
-            problems.append(f"algorithm {self.algorithm.name!r} trains from data, not rollouts; "
-                            "set mode: train for it, or pick an RL algorithm such as grpo")
+            problems.append(
+                f"algorithm {self.algorithm.name!r} trains from data, not rollouts; "
+                "set mode: train for it, or pick an RL algorithm such as grpo"
+            )
         if algo is not None and self.mode == "train" and algo.from_rollouts:
-            problems.append(f"mode 'train' needs a supervised algorithm such as sft, not {self.algorithm.name!r}; "
-                            "set mode: sync to learn from rollouts")
+            problems.append(
+                f"mode 'train' needs a supervised algorithm such as sft, not {self.algorithm.name!r}; "
+                "set mode: sync to learn from rollouts"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -341,13 +368,19 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         where = ".".join(parts[:depth]) or "the top level"
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError([f"override {key!r}: {where} is a list of {len(node)}; "
-                                   f"use an index 0..{len(node) - 1} instead of {part!r}"])
+                raise ConfigError(
+                    [
+                        f"override {key!r}: {where} is a list of {len(node)}; "
+                        f"use an index 0..{len(node) - 1} instead of {part!r}"
+                    ]
+                )
             index: Any = int(part)
         elif isinstance(node, dict):
             index = part
         else:
-            raise ConfigError([f"override {key!r}: {where} is a value, not a mapping; it has no key {part!r}"])
+            raise ConfigError(
+                [f"override {key!r}: {where} is a value, not a mapping; it has no key {part!r}"]
+            )
         if depth == len(parts) - 1:
             node[index] = value
         else:
@@ -408,7 +441,9 @@ def _format(err: dict[str, Any], prefix: str) -> str:
     return f"{path}: {msg}"
 
 
-def validate_dict(data: dict[str, Any], base_dir: str | Path | None = None) -> tuple[list[RunConfig], list[str]]:
+def validate_dict(
+    data: dict[str, Any], base_dir: str | Path | None = None
+) -> tuple[list[RunConfig], list[str]]:
     """Validate a raw config dict; returns (one config per stage, errors).
 
     Without ``stages`` the config is its own single stage. With ``stages``, each entry is merged
@@ -463,3 +498,35 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> list[Ru
     if errors:
         raise ConfigError(errors)
     return stages
+
+
+def reference_markdown() -> str:
+    """The config reference (every section, field, type, default and docstring) as Markdown."""
+    sections: list[tuple[str, type[BaseModel]]] = [("(top level)", RunConfig)]
+    seen: set[type] = {RunConfig}
+    lines: list[str] = []
+    while sections:
+        title, model = sections.pop(0)
+        lines += [f"#### `{title}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            nested = next((c for c in (ann, *getattr(ann, "__args__", ())) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+            if nested is not None and nested not in seen:
+                seen.add(nested)
+                sections.append((name if model is RunConfig else f"{title}.{name}", nested))
+            type_name = _type_name(ann)
+            default = "(section)" if nested is not None else f"`{field.default!r}`"
+            doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
+            lines.append(f"| `{name}` | {type_name.replace('|', chr(92) + '|')} | {default} | {doc} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _type_name(ann: Any) -> str:
+    import typing
+
+    if typing.get_origin(ann) is Literal:
+        return " / ".join(repr(a) for a in typing.get_args(ann))
+    text = getattr(ann, "__name__", None) if not typing.get_args(ann) else None
+    text = text or str(ann)
+    return text.replace("typing.", "").replace("trine.config.", "")

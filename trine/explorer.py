@@ -47,7 +47,9 @@ class Explorer:
         self._workflows: dict[tuple, Any] = {}
 
     # ------------------------------------------------------------------ public
-    def explore(self, tasks: list[Task], *, batch_index: int, version: int) -> tuple[list[Experience], dict[str, float]]:
+    def explore(
+        self, tasks: list[Task], *, batch_index: int, version: int
+    ) -> tuple[list[Experience], dict[str, float]]:
         """Run one batch of tasks; returns its experiences and ``explorer/*`` metrics."""
         start = time.perf_counter()
         outcomes = self.loop.run_until_complete(self._run_all(tasks))
@@ -67,8 +69,9 @@ class Explorer:
             self._dump(tasks, outcomes, batch_index, version)
         return experiences, metrics
 
-    def evaluate(self, tasks: list[Task], *, name: str, k: int, greedy: bool, seed: int,
-                 success_threshold: float = 1.0) -> dict[str, float]:
+    def evaluate(
+        self, tasks: list[Task], *, name: str, k: int, greedy: bool, seed: int, success_threshold: float = 1.0
+    ) -> dict[str, float]:
         """Greedy accuracy and avg@k / pass@k at the tasks' temperature, as ``eval/<name>/*``.
 
         Sampling uses a generator seeded with ``seed`` so evaluation never disturbs the
@@ -97,8 +100,10 @@ class Explorer:
     # ------------------------------------------------------------------ internals
     def _success(self, tasks: list[Task], threshold: float) -> list[list[float]]:
         outcomes = self.loop.run_until_complete(self._run_all(tasks))
-        return [[float(e.reward is not None and e.reward >= threshold) for e in exps] or [0.0]
-                for exps, _, _ in outcomes]
+        return [
+            [float(e.reward is not None and e.reward >= threshold) for e in exps] or [0.0]
+            for exps, _, _ in outcomes
+        ]
 
     async def _run_all(self, tasks: list[Task]) -> list[tuple[list[Experience], int, str | None]]:
         semaphore = asyncio.Semaphore(self.max_concurrency)
@@ -124,18 +129,28 @@ class Explorer:
                 return list(exps), attempt, None
             except asyncio.TimeoutError:
                 reason = "timeout"
-                log.warning("task %s timed out after %ss (attempt %d)", task.task_id, self.timeout, attempt + 1)
+                log.warning(
+                    "task %s timed out after %ss (attempt %d)", task.task_id, self.timeout, attempt + 1
+                )
             except Exception as err:  # a workflow's failure costs its own task only
                 reason = "error"
-                log.warning("task %s failed (attempt %d): %s: %s", task.task_id, attempt + 1, type(err).__name__, err)
+                log.warning(
+                    "task %s failed (attempt %d): %s: %s", task.task_id, attempt + 1, type(err).__name__, err
+                )
         return [], self.max_retries, reason
 
     def _workflow(self, task: Task) -> Any:
-        key = (task.workflow, task.reward, json.dumps(task.workflow_args, sort_keys=True, default=str),
-               json.dumps(task.reward_args, sort_keys=True, default=str))
+        key = (
+            task.workflow,
+            task.reward,
+            json.dumps(task.workflow_args, sort_keys=True, default=str),
+            json.dumps(task.reward_args, sort_keys=True, default=str),
+        )
         if key not in self._workflows:
             cls = registry.resolve("workflow", task.workflow)
-            self._workflows[key] = cls(reward=self._score_fn(task.reward, task.reward_args), **task.workflow_args)
+            self._workflows[key] = cls(
+                reward=self._score_fn(task.reward, task.reward_args), **task.workflow_args
+            )
         return self._workflows[key]
 
     def _score_fn(self, name: str, args: dict[str, Any]):
@@ -145,7 +160,9 @@ class Explorer:
         timeout = self.reward_timeout
 
         async def score(response: str, task: Task) -> tuple[float, dict[str, float]]:
-            return await asyncio.wait_for(asyncio.to_thread(evaluate_reward, fn, response, task, args), timeout)
+            return await asyncio.wait_for(
+                asyncio.to_thread(evaluate_reward, fn, response, task, args), timeout
+            )
 
         return score
 
@@ -163,7 +180,10 @@ class Explorer:
             "explorer/response_length_mean": statistics.fmean(lengths) if lengths else 0.0,
             "explorer/response_length_max": float(max(lengths, default=0)),
             "explorer/truncated_fraction": statistics.fmean(
-                float(e.info.get("finish_reason") == "length") for e in exps) if exps else 0.0,
+                float(e.info.get("finish_reason") == "length") for e in exps
+            )
+            if exps
+            else 0.0,
             "time/explore_seconds": seconds,
         }
         for reason in set(reasons):
@@ -180,10 +200,22 @@ class Explorer:
         self.rollouts_path.parent.mkdir(parents=True, exist_ok=True)
         with self.rollouts_path.open("a", encoding="utf-8") as f:
             for task, (exps, _, reason) in zip(tasks, outcomes):
-                row = {"batch": batch_index, "version": version, "task_id": task.task_id,
-                       "question": task.question, "answer": task.answer, "skipped": reason,
-                       "responses": [{"text": e.info.get("response"), "reward": e.reward,
-                                      "parts": e.info.get("reward_parts")} for e in exps]}
+                row = {
+                    "batch": batch_index,
+                    "version": version,
+                    "task_id": task.task_id,
+                    "question": task.question,
+                    "answer": task.answer,
+                    "skipped": reason,
+                    "responses": [
+                        {
+                            "text": e.info.get("response"),
+                            "reward": e.reward,
+                            "parts": e.info.get("reward_parts"),
+                        }
+                        for e in exps
+                    ],
+                }
                 f.write(json.dumps(row, default=str) + "\n")
 
 

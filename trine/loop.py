@@ -36,7 +36,9 @@ def run(stages: list[RunConfig]) -> dict[str, Any]:
     build.write_status(run_dir, "running", step=state.get("global_step", 0))
     model, tokenizer = build.load_policy(first, path=str(checkpoints[-1]) if checkpoints else None)
     totals = [s.tasks.total_steps for s in stages]
-    monitor = build_monitor(first.monitor.sinks, run_dir, total_steps=sum(totals) if None not in totals else None)
+    monitor = build_monitor(
+        first.monitor.sinks, run_dir, total_steps=sum(totals) if None not in totals else None
+    )
     summary: dict[str, Any] = state.get("summary", {"run_dir": str(run_dir), "stages": {}})
     step = state.get("global_step", 0)
     resume_at = (state["stage_index"] + state["stage_done"]) if state else 0
@@ -55,8 +57,13 @@ def run(stages: list[RunConfig]) -> dict[str, Any]:
                 return summary
         build.write_status(run_dir, "finished", step=step)
     except BaseException as err:
-        build.write_status(run_dir, "failed", step=step, error=f"{type(err).__name__}: {err}",
-                           traceback=traceback.format_exc())
+        build.write_status(
+            run_dir,
+            "failed",
+            step=step,
+            error=f"{type(err).__name__}: {err}",
+            traceback=traceback.format_exc(),
+        )
         raise
     finally:
         monitor.close()
@@ -67,14 +74,19 @@ def run(stages: list[RunConfig]) -> dict[str, Any]:
     return summary
 
 
-def _run_stage(st: build.Stage, index: int, step: int, monitor: Any, run_dir: Any, summary: dict, tokenizer: Any) -> int:
+def _run_stage(
+    st: build.Stage, index: int, step: int, monitor: Any, run_dir: Any, summary: dict, tokenizer: Any
+) -> int:
     cfg = st.cfg
     record = summary["stages"].setdefault(cfg.stage, {"seconds": 0.0})
     if st.step == 0 and cfg.eval.at_start and st.eval_sets:
         record["eval_start"] = _evaluate(st, step)
         monitor.log({**record["eval_start"], "stage": cfg.stage}, step)
-    steps = _train_steps(st, tokenizer) if cfg.mode == "train" else (
-        _offset_steps(st) if cfg.sync.sync_offset > 0 else _sync_steps(st))
+    steps = (
+        _train_steps(st, tokenizer)
+        if cfg.mode == "train"
+        else (_offset_steps(st) if cfg.sync.sync_offset > 0 else _sync_steps(st))
+    )
     tick = time.perf_counter()
     for metrics in steps:
         step, st.step = step + 1, st.step + 1
@@ -179,9 +191,15 @@ def _train_on(st: build.Stage) -> dict[str, float]:
     experiences = st.buffer.get(n, timeout=st.cfg.buffer.get_timeout) if n else []
     st.pending.pop(0)
     lag = [st.trainer.version - e.policy_version for e in experiences] or [0]
-    metrics = {**metrics, **st.trainer.step(experiences), **st.buffer.metrics(),
-               "buffer/staleness_mean": sum(lag) / len(lag), "buffer/staleness_max": float(max(lag)),
-               "sync/seconds": st.sync.seconds, "trainer/version": float(st.trainer.version)}
+    metrics = {
+        **metrics,
+        **st.trainer.step(experiences),
+        **st.buffer.metrics(),
+        "buffer/staleness_mean": sum(lag) / len(lag),
+        "buffer/staleness_max": float(max(lag)),
+        "sync/seconds": st.sync.seconds,
+        "trainer/version": float(st.trainer.version),
+    }
     return metrics
 
 
@@ -189,18 +207,40 @@ def _evaluate(st: build.Stage, step: int) -> dict[str, float]:
     e = st.cfg.eval
     out: dict[str, float] = {}
     for ts in st.eval_sets:
-        out.update(st.eval_explorer.evaluate(list(ts), name=ts.name, k=e.k, greedy=e.greedy,
-                                             seed=st.cfg.seed + step, success_threshold=e.success_threshold))
+        out.update(
+            st.eval_explorer.evaluate(
+                list(ts),
+                name=ts.name,
+                k=e.k,
+                greedy=e.greedy,
+                seed=st.cfg.seed + step,
+                success_threshold=e.success_threshold,
+            )
+        )
     return out
 
 
-def _save(st: build.Stage, index: int, step: int, run_dir: Any, summary: dict, tokenizer: Any, done: bool) -> None:
+def _save(
+    st: build.Stage, index: int, step: int, run_dir: Any, summary: dict, tokenizer: Any, done: bool
+) -> None:
     from trine.trainer.checkpoint import save_checkpoint
 
     with st.gate:
-        state = {**build.stage_state(st), "stage_index": index, "global_step": step, "stage_done": done,
-                 "summary": summary}
+        state = {
+            **build.stage_state(st),
+            "stage_index": index,
+            "global_step": step,
+            "stage_done": done,
+            "summary": summary,
+        }
         ref = {"ref_model": st.trainer.ref_model} if st.trainer.ref_model is not None else None
-        save_checkpoint(run_dir / "checkpoints", step, model=st.trainer.model, tokenizer=tokenizer,
-                        trainer_state=st.trainer.state_dict(), loop_state=state, keep=st.cfg.trainer.keep_checkpoints,
-                        extra_models=ref)
+        save_checkpoint(
+            run_dir / "checkpoints",
+            step,
+            model=st.trainer.model,
+            tokenizer=tokenizer,
+            trainer_state=st.trainer.state_dict(),
+            loop_state=state,
+            keep=st.cfg.trainer.keep_checkpoints,
+            extra_models=ref,
+        )

@@ -91,7 +91,11 @@ class Task:
 
     def messages(self) -> list[dict[str, str]]:
         """The chat to send: the system prompt (if any) followed by the question."""
-        chat = list(self.question) if isinstance(self.question, list) else [{"role": "user", "content": self.question}]
+        chat = (
+            list(self.question)
+            if isinstance(self.question, list)
+            else [{"role": "user", "content": self.question}]
+        )
         if self.system_prompt and not (chat and chat[0].get("role") == "system"):
             chat.insert(0, {"role": "system", "content": self.system_prompt})
         return chat

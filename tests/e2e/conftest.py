@@ -27,8 +27,11 @@ def arithmetic_config(tmp_path, tiny_model_dir):
             "tasks": {
                 "batch_size": 4,
                 "total_steps": 6,
-                "train": {"path": str(EXAMPLE / "data" / "train.jsonl"), "repeat": 4,
-                          "sampling": {"temperature": 1.0, "max_tokens": 4}},
+                "train": {
+                    "path": str(EXAMPLE / "data" / "train.jsonl"),
+                    "repeat": 4,
+                    "sampling": {"temperature": 1.0, "max_tokens": 4},
+                },
             },
             "trainer": {"lr": 1e-3},
             "eval": {"at_start": False},
@@ -43,4 +46,8 @@ def arithmetic_config(tmp_path, tiny_model_dir):
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]

@@ -12,20 +12,39 @@ pytestmark = pytest.mark.slow
 
 
 def test_sft_then_grpo_raises_eval_accuracy(arithmetic_config, tmp_path):
-    eval_set = {"name": "addition", "path": str(EXAMPLE / "data" / "eval.jsonl"),
-                "sampling": {"temperature": 1.0, "max_tokens": 6}}
-    cfg = arithmetic_config({
-        "model": {"path": str(tmp_path / "model"), "init_preset": "tiny-1m"},
-        "tasks": {"batch_size": 16, "eval": [eval_set],
-                  "train": {"repeat": 8, "sampling": {"max_tokens": 6}}},
-        "eval": {"every": 50, "k": 8, "at_start": True},
-        "stages": [
-            {"stage": "sft", "mode": "train", "algorithm": {"name": "sft"}, "tasks": {"total_steps": 200},
-             "trainer": {"lr": 3e-3}, "eval": {"every": 0, "at_start": False}},
-            {"stage": "grpo", "algorithm": {"name": "grpo"}, "tasks": {"total_steps": 100},
-             "trainer": {"lr": 1e-3}},
-        ],
-    }, name="learn")
+    eval_set = {
+        "name": "addition",
+        "path": str(EXAMPLE / "data" / "eval.jsonl"),
+        "sampling": {"temperature": 1.0, "max_tokens": 6},
+    }
+    cfg = arithmetic_config(
+        {
+            "model": {"path": str(tmp_path / "model"), "init_preset": "tiny-1m"},
+            "tasks": {
+                "batch_size": 16,
+                "eval": [eval_set],
+                "train": {"repeat": 8, "sampling": {"max_tokens": 6}},
+            },
+            "eval": {"every": 50, "k": 8, "at_start": True},
+            "stages": [
+                {
+                    "stage": "sft",
+                    "mode": "train",
+                    "algorithm": {"name": "sft"},
+                    "tasks": {"total_steps": 200},
+                    "trainer": {"lr": 3e-3},
+                    "eval": {"every": 0, "at_start": False},
+                },
+                {
+                    "stage": "grpo",
+                    "algorithm": {"name": "grpo"},
+                    "tasks": {"total_steps": 100},
+                    "trainer": {"lr": 1e-3},
+                },
+            ],
+        },
+        name="learn",
+    )
     summary = run(load_config(cfg))
     key = "eval/addition/avg@8"
     rows = [r for r in read_metrics(tmp_path / "learn") if key in r]
@@ -33,5 +52,7 @@ def test_sft_then_grpo_raises_eval_accuracy(arithmetic_config, tmp_path):
     best = max(r[key] for r in rows if r["stage"] == "grpo")
     assert after_sft <= 0.35, f"the SFT warm-up alone should leave room to learn (got {after_sft:.2f})"
     assert best - after_sft >= 0.20, f"GRPO should lift avg@8 by >= 20 points: {after_sft:.2f} -> {best:.2f}"
-    rewards = [r["explorer/reward_mean"] for r in read_metrics(tmp_path / "learn") if "explorer/reward_mean" in r]
+    rewards = [
+        r["explorer/reward_mean"] for r in read_metrics(tmp_path / "learn") if "explorer/reward_mean" in r
+    ]
     assert sum(rewards[-20:]) / 20 > sum(rewards[:20]) / 20 + 0.1  # the training reward moves too

@@ -31,7 +31,9 @@ def step_normalizer(masks: list[Tensor], mode: str, *, max_response_length: int 
         total = float(sum(m.shape[0] for m in masks))
         if mode == "seq-mean-token-sum-norm":
             if not max_response_length:
-                raise ValueError("seq-mean-token-sum-norm needs max_response_length (the sampling max_tokens)")
+                raise ValueError(
+                    "seq-mean-token-sum-norm needs max_response_length (the sampling max_tokens)"
+                )
             total *= max_response_length
     return max(total, 1.0)
 

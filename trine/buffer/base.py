@@ -16,7 +16,9 @@ class Buffer(Protocol):
     def put(self, experiences: list[Experience]) -> None:
         """Store experiences (those with ``reward=None`` wait as pending)."""
 
-    def get(self, n: int, *, min_version: int | None = None, timeout: float | None = None) -> list[Experience]:
+    def get(
+        self, n: int, *, min_version: int | None = None, timeout: float | None = None
+    ) -> list[Experience]:
         """Take ``n`` trainable experiences, oldest first.
 
         Experiences whose ``policy_version`` is below ``min_version`` are dropped as stale (and

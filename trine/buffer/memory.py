@@ -53,7 +53,9 @@ class MemoryBuffer:
             self._cond.notify_all()
             return done
 
-    def get(self, n: int, *, min_version: int | None = None, timeout: float | None = None) -> list[Experience]:
+    def get(
+        self, n: int, *, min_version: int | None = None, timeout: float | None = None
+    ) -> list[Experience]:
         if n <= 0:
             raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -65,7 +67,9 @@ class MemoryBuffer:
                     self.consumed += n
                     return out
                 if self._closed:
-                    raise BufferTimeout(f"buffer closed with {len(self._ready)} of {n} requested experiences ready")
+                    raise BufferTimeout(
+                        f"buffer closed with {len(self._ready)} of {n} requested experiences ready"
+                    )
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise BufferTimeout(

@@ -62,8 +62,9 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
     return plan
 
 
-def collate(experiences: list[Experience], rows: list[int], pad_id: int, device: Any,
-            default_temperature: float = 1.0) -> MicroBatch:
+def collate(
+    experiences: list[Experience], rows: list[int], pad_id: int, device: Any, default_temperature: float = 1.0
+) -> MicroBatch:
     """Build a left-padded :class:`MicroBatch` from ``experiences[rows]``."""
     exps = [experiences[i] for i in rows]
     width = max(len(e.tokens) for e in exps)
@@ -77,21 +78,26 @@ def collate(experiences: list[Experience], rows: list[int], pad_id: int, device:
     temps = []
     for i, e in enumerate(exps):
         if e.prompt_length < 1:
-            raise ValueError(f"Experience {e.id} has prompt_length={e.prompt_length}; the trainer needs at least "
-                             "one prompt token before the response (e.g. a BOS or chat-template token).")
-        ids[i, width - len(e.tokens):] = torch.tensor(e.tokens, dtype=torch.long)
-        attn[i, width - len(e.tokens):] = 1
+            raise ValueError(
+                f"Experience {e.id} has prompt_length={e.prompt_length}; the trainer needs at least "
+                "one prompt token before the response (e.g. a BOS or chat-template token)."
+            )
+        ids[i, width - len(e.tokens) :] = torch.tensor(e.tokens, dtype=torch.long)
+        attn[i, width - len(e.tokens) :] = 1
         r = e.response_length
         if r:
-            mask[i, resp - r:] = torch.tensor(e.action_mask, dtype=torch.float32)
+            mask[i, resp - r :] = torch.tensor(e.action_mask, dtype=torch.float32)
             if has_old:
-                old[i, resp - r:] = torch.tensor(e.logprobs, dtype=torch.float32)
+                old[i, resp - r :] = torch.tensor(e.logprobs, dtype=torch.float32)
         t = e.info.get("temperature", default_temperature)
         temps.append(t if t and t > 0 else 1.0)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     return MicroBatch(
-        input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-        targets=ids[:, width - resp:].to(device), action_mask=mask.to(device),
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        position_ids=pos.to(device),
+        targets=ids[:, width - resp :].to(device),
+        action_mask=mask.to(device),
         old_logprobs=old.to(device) if has_old else None,
         temperature=torch.tensor(temps, dtype=torch.float32, device=device).view(-1, 1, 1),
         rows=list(rows),
@@ -103,19 +109,26 @@ def right_align(values: list[list[float]], resp: int, device: Any) -> Tensor:
     out = torch.zeros((len(values), resp), dtype=torch.float32)
     for i, v in enumerate(values):
         if v:
-            out[i, resp - len(v):] = torch.tensor(v, dtype=torch.float32)
+            out[i, resp - len(v) :] = torch.tensor(v, dtype=torch.float32)
     return out.to(device)
 
 
-def forward_logprobs(model: Any, batch: MicroBatch, *, entropy_fn: Any = None) -> tuple[Tensor, Tensor | None]:
+def forward_logprobs(
+    model: Any, batch: MicroBatch, *, entropy_fn: Any = None
+) -> tuple[Tensor, Tensor | None]:
     """Per-token logprobs ``[B, R]`` of ``batch.targets`` under ``model`` (temperature-scaled).
 
     ``log π(y_t) = z_{y_t}/T - logsumexp(z/T)`` from the logits of the positions that predict the
     response tokens only (``logits_to_keep``). With ``entropy_fn`` also the per-token entropy (no grad).
     """
     resp = batch.targets.shape[1]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids, use_cache=False, logits_to_keep=resp + 1)
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=resp + 1,
+    )
     logits = out.logits[:, :-1].float() / batch.temperature
     logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     entropy = None

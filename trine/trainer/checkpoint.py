@@ -35,8 +35,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(root: str | Path, step: int, *, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
-                    loop_state: dict[str, Any], keep: int = 2, extra_models: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    trainer_state: dict[str, Any],
+    loop_state: dict[str, Any],
+    keep: int = 2,
+    extra_models: dict[str, Any] | None = None,
+) -> Path:
     """Write checkpoint ``step`` atomically and keep only the ``keep`` most recent ones."""
     root = Path(root)
     final = root / f"step_{step}"

@@ -76,7 +76,9 @@ class Trainer:
         self.max_response_length = max_response_length
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
+        )
         optimizer_steps = total_steps * mini_batches * update_epochs if total_steps else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(lr_schedule, warmup_steps, optimizer_steps, min_lr_ratio)
@@ -119,13 +121,15 @@ class Trainer:
         opt_steps, weight = sums.pop("_opt_steps"), max(sums.pop("_weight"), 1.0)
         for key, value in sums.items():
             metrics[f"trainer/{key}"] = value / (opt_steps if key in ("loss", "grad_norm") else weight)
-        metrics.update({
-            "trainer/lr": lr,
-            "trainer/tokens_per_second": tokens / max(elapsed, 1e-9),
-            "trainer/padding_fraction": 1.0 - tokens / max(padded, 1),
-            "trainer/batch_size": float(len(experiences)),
-            "time/train_seconds": elapsed,
-        })
+        metrics.update(
+            {
+                "trainer/lr": lr,
+                "trainer/tokens_per_second": tokens / max(elapsed, 1e-9),
+                "trainer/padding_fraction": 1.0 - tokens / max(padded, 1),
+                "trainer/batch_size": float(len(experiences)),
+                "time/train_seconds": elapsed,
+            }
+        )
         return metrics
 
     def _advantages(self, experiences: list[Experience], metrics: dict[str, float]) -> Tensor | None:
@@ -134,8 +138,10 @@ class Trainer:
             return None
         missing = [e.id for e in experiences if e.reward is None]
         if missing:
-            raise ValueError(f"{len(missing)} experiences have no reward yet (e.g. {missing[0]}); "
-                             "the buffer must only hand out experiences whose reward is ready.")
+            raise ValueError(
+                f"{len(missing)} experiences have no reward yet (e.g. {missing[0]}); "
+                "the buffer must only hand out experiences whose reward is ready."
+            )
         rewards = torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32)
         seen: dict[str, int] = {}
         groups = torch.tensor([seen.setdefault(e.group_id or e.id, len(seen)) for e in experiences])
@@ -143,23 +149,31 @@ class Trainer:
         metrics.update({f"trainer/{k}": v for k, v in stats.items()})
         return adv
 
-    def _prepare(self, experiences: list[Experience], advantages: Tensor | None) -> list[tuple[list[MicroBatch], float]]:
+    def _prepare(
+        self, experiences: list[Experience], advantages: Tensor | None
+    ) -> list[tuple[list[MicroBatch], float]]:
         """Split into mini-batches and micro-batches once; attach advantages, old and ref logprobs."""
-        order = torch.randperm(len(experiences), generator=self.rng).tolist() if self.mini_batches > 1 else list(
-            range(len(experiences)))
+        order = (
+            torch.randperm(len(experiences), generator=self.rng).tolist()
+            if self.mini_batches > 1
+            else list(range(len(experiences)))
+        )
         size = math.ceil(len(order) / self.mini_batches)
         algo = self.algorithm
         minis = []
         for start in range(0, len(order), size):
             rows = order[start : start + size]
             plan = plan_micro_batches([len(experiences[i].tokens) for i in rows], self.micro_batch_tokens)
-            batches = [collate(experiences, [rows[j] for j in p], self.pad_token_id, self.device) for p in plan]
+            batches = [
+                collate(experiences, [rows[j] for j in p], self.pad_token_id, self.device) for p in plan
+            ]
             for batch in batches:
                 if advantages is not None:
                     batch.extras["advantages"] = advantages[batch.rows].to(self.device)
                 self._attach_logprobs(batch)
-            normalizer = algo.normalizer_fn([b.action_mask for b in batches], algo.loss_agg,
-                                            max_response_length=self.max_response_length)
+            normalizer = algo.normalizer_fn(
+                [b.action_mask for b in batches], algo.loss_agg, max_response_length=self.max_response_length
+            )
             minis.append((batches, normalizer))
         return minis
 
@@ -171,16 +185,25 @@ class Trainer:
             batch.old_logprobs, _ = forward_logprobs(self.model, batch)
         if self.algorithm.needs_ref:
             if self.ref_model is None:
-                raise ValueError("the algorithm has kl_coef > 0 but no reference model was given to the Trainer.")
+                raise ValueError(
+                    "the algorithm has kl_coef > 0 but no reference model was given to the Trainer."
+                )
             batch.extras["ref_logprobs"], _ = forward_logprobs(self.ref_model, batch)
 
     def _micro_step(self, batch: MicroBatch, normalizer: float) -> tuple[Tensor, dict[str, float]]:
         algo = self.algorithm
-        logprobs, entropy = forward_logprobs(self.model, batch, entropy_fn=algo.entropy_fn if self.entropy_metric else None)
+        logprobs, entropy = forward_logprobs(
+            self.model, batch, entropy_fn=algo.entropy_fn if self.entropy_metric else None
+        )
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         loss, stats = algo.loss_fn(
-            logprobs=logprobs, old_logprobs=old, advantages=batch.extras.get("advantages"),
-            action_mask=batch.action_mask, normalizer=normalizer, agg_mode=algo.loss_agg, **algo.loss_args,
+            logprobs=logprobs,
+            old_logprobs=old,
+            advantages=batch.extras.get("advantages"),
+            action_mask=batch.action_mask,
+            normalizer=normalizer,
+            agg_mode=algo.loss_agg,
+            **algo.loss_args,
         )
         mask = batch.action_mask
         if algo.needs_ref:

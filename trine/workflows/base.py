@@ -39,8 +39,9 @@ class Workflow(Protocol):
     async def run(self, task: Task, model: RolloutModel) -> list[Experience]: ...
 
 
-def completion_experience(completion: Completion, reward: float | None, parts: dict[str, float],
-                          temperature: float) -> Experience:
+def completion_experience(
+    completion: Completion, reward: float | None, parts: dict[str, float], temperature: float
+) -> Experience:
     """A single-turn Experience from one completion (every response token is an action)."""
     return Experience(
         tokens=completion.prompt_ids + completion.response_ids,
