@@ -6,14 +6,12 @@ Every component receives only its own section's values as plain keyword argument
 from __future__ import annotations
 
 import copy
-import json
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from trine import registry
 from trine.config import RunConfig, TasksetConfig
@@ -41,24 +39,6 @@ class Stage:
     """Steps of this stage already done (non-zero after a resume)."""
     pending: list[tuple[int, int, dict[str, float]]] = field(default_factory=list)
     """Explored batches not yet trained: (batch index, experiences, explorer metrics)."""
-
-
-def run_dir_of(cfg: RunConfig) -> Path:
-    return Path(cfg.run_dir) if cfg.run_dir else Path("runs") / cfg.name
-
-
-def write_config(run_dir: Path, stages: list[RunConfig]) -> None:
-    """Write the resolved config (every stage, every default) into the run directory."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dumped = [s.model_dump(mode="json", exclude={"stages"}) for s in stages]
-    data = dumped[0] if len(dumped) == 1 else {"stages": dumped}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-
-
-def write_status(run_dir: Path, state: str, **details: Any) -> None:
-    """``status.json``: running / failed (with the error) / finished."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "status.json").write_text(json.dumps({"state": state, **details}, indent=2, default=str))
 
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
@@ -257,10 +237,6 @@ def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, 
             stage.sync.load_state_dict(state["sync"])
         else:
             stage.engine.policy_version = stage.trainer.version
-
-
-def describe(stage: Stage) -> dict[str, Any]:
-    return {"stage": stage.cfg.stage, "algorithm": asdict(stage.algorithm), "total_steps": stage.total_steps}
 
 
 def set_threads(n: int | None) -> None:

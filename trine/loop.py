@@ -15,96 +15,60 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import traceback
 from typing import Any
 
 from trine import build
 from trine.config import RunConfig
+from trine.rundir import RunDir
 
 
 def run(stages: list[RunConfig]) -> dict[str, Any]:
-    """Run every stage; returns a summary (evals at the start/end of each stage, times, paths)."""
-    from trine.monitor import build_monitor
-    from trine.trainer.checkpoint import list_checkpoints, load_states, set_rng_state
-
-    first = stages[0]
-    run_dir = build.run_dir_of(first)
-    build.set_threads(first.num_threads)
-    checkpoints = list_checkpoints(run_dir / "checkpoints") if first.resume else []
-    trainer_state, state = load_states(checkpoints[-1]) if checkpoints else ({}, {})
-    build.write_config(run_dir, stages)
-    build.write_status(run_dir, "running", step=state.get("global_step", 0))
-    model, tokenizer = build.load_policy(first, path=str(checkpoints[-1]) if checkpoints else None)
-    totals = [s.tasks.total_steps for s in stages]
-    monitor = build_monitor(
-        first.monitor.sinks, run_dir, total_steps=sum(totals) if None not in totals else None
-    )
-    summary: dict[str, Any] = state.get("summary", {"run_dir": str(run_dir), "stages": {}})
-    step = state.get("global_step", 0)
-    resume_at = (state["stage_index"] + state["stage_done"]) if state else 0
+    """Run every stage in order (resuming where the run directory left off); returns the summary."""
+    rd = RunDir.open(stages)
     try:
         for index, cfg in enumerate(stages):
-            if index < resume_at:
+            if index < rd.resume_at():
                 continue
-            stage = build.build_stage(cfg, model, tokenizer, run_dir)
-            if state and index == state["stage_index"]:
-                build.restore_stage(stage, state, trainer_state, checkpoints[-1])
-                set_rng_state(state["rng"])
-            step = _run_stage(stage, index, step, monitor, run_dir, summary, tokenizer)
+            stage = build.build_stage(cfg, rd.model, rd.tokenizer, rd.path)
+            rd.restore(stage, index)
+            _run_stage(stage, index, rd)
             limit = cfg.stop_after_steps
-            if stage.step < stage.total_steps or (limit and step >= limit and index < len(stages) - 1):
-                build.write_status(run_dir, "stopped", step=step)  # run again to continue
-                return summary
-        build.write_status(run_dir, "finished", step=step)
+            if stage.step < stage.total_steps or (limit and rd.step >= limit and index < len(stages) - 1):
+                return rd.finish("stopped")  # run again to continue
     except BaseException as err:
-        build.write_status(
-            run_dir,
-            "failed",
-            step=step,
-            error=f"{type(err).__name__}: {err}",
-            traceback=traceback.format_exc(),
-        )
+        rd.fail(err)
         raise
-    finally:
-        monitor.close()
-    if first.monitor.plot:
-        from trine.monitor.plot import plot_run
-
-        summary["plots"] = [str(p) for p in plot_run(run_dir)]
-    return summary
+    return rd.finish("finished")
 
 
-def _run_stage(
-    st: build.Stage, index: int, step: int, monitor: Any, run_dir: Any, summary: dict, tokenizer: Any
-) -> int:
+def _run_stage(st: build.Stage, index: int, rd: RunDir) -> None:
+    """Drive one stage's steps: log each, evaluate and checkpoint when due."""
     cfg = st.cfg
-    record = summary["stages"].setdefault(cfg.stage, {"seconds": 0.0})
+    record = rd.summary["stages"].setdefault(cfg.stage, {"seconds": 0.0})
     if st.step == 0 and cfg.eval.at_start and st.eval_sets:
-        record["eval_start"] = _evaluate(st, step)
-        monitor.log({**record["eval_start"], "stage": cfg.stage}, step)
-    steps = (
-        _train_steps(st, tokenizer)
-        if cfg.mode == "train"
-        else (_offset_steps(st) if cfg.sync.sync_offset > 0 else _sync_steps(st))
-    )
+        record["eval_start"] = _evaluate(st, rd.step)
+        rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
+    if cfg.mode == "train":
+        steps = _train_steps(st, rd.tokenizer)
+    else:
+        steps = _offset_steps(st) if cfg.sync.sync_offset > 0 else _sync_steps(st)
     tick = time.perf_counter()
     for metrics in steps:
-        step, st.step = step + 1, st.step + 1
+        rd.step, st.step = rd.step + 1, st.step + 1
         last = st.step >= st.total_steps
-        stop = cfg.stop_after_steps is not None and step >= cfg.stop_after_steps
+        stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
         if st.eval_sets and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
-            record["eval_end"] = _evaluate(st, step)
+            record["eval_end"] = _evaluate(st, rd.step)
             metrics.update(record["eval_end"])
         now = time.perf_counter()
         metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
         record["seconds"] += now - tick
-        monitor.log(metrics, step)
+        rd.monitor.log(metrics, rd.step)
         if last or stop or (cfg.trainer.save_every and st.step % cfg.trainer.save_every == 0):
-            _save(st, index, step, run_dir, summary, tokenizer, done=last)
+            rd.save(st, index, done=last)
         if stop and not last:
             break
         tick = time.perf_counter()
-    return step
 
 
 def _sync_steps(st: build.Stage):
@@ -204,43 +168,10 @@ def _train_on(st: build.Stage) -> dict[str, float]:
 
 
 def _evaluate(st: build.Stage, step: int) -> dict[str, float]:
-    e = st.cfg.eval
+    """``eval/<taskset>/*`` for every eval taskset, with the trainer's current weights."""
+    args = st.cfg.eval.model_dump(include={"k", "greedy", "success_threshold"})
+    seed = st.cfg.seed + step
     out: dict[str, float] = {}
     for ts in st.eval_sets:
-        out.update(
-            st.eval_explorer.evaluate(
-                list(ts),
-                name=ts.name,
-                k=e.k,
-                greedy=e.greedy,
-                seed=st.cfg.seed + step,
-                success_threshold=e.success_threshold,
-            )
-        )
+        out.update(st.eval_explorer.evaluate(list(ts), name=ts.name, seed=seed, **args))
     return out
-
-
-def _save(
-    st: build.Stage, index: int, step: int, run_dir: Any, summary: dict, tokenizer: Any, done: bool
-) -> None:
-    from trine.trainer.checkpoint import save_checkpoint
-
-    with st.gate:
-        state = {
-            **build.stage_state(st),
-            "stage_index": index,
-            "global_step": step,
-            "stage_done": done,
-            "summary": summary,
-        }
-        ref = {"ref_model": st.trainer.ref_model} if st.trainer.ref_model is not None else None
-        save_checkpoint(
-            run_dir / "checkpoints",
-            step,
-            model=st.trainer.model,
-            tokenizer=tokenizer,
-            trainer_state=st.trainer.state_dict(),
-            loop_state=state,
-            keep=st.cfg.trainer.keep_checkpoints,
-            extra_models=ref,
-        )

@@ -62,4 +62,9 @@ def test_offset_run_resumes(arithmetic_config, tmp_path):
     part = arithmetic_config({**over, "stop_after_steps": 3}, name="opart")
     run(load_config(part))
     run(load_config(part, ["stop_after_steps=null"]))
-    assert _stable(read_metrics(tmp_path / "opart")) == _stable(read_metrics(tmp_path / "ofull"))
+    # buffer/size depends on how far the explorer thread has got when the trainer logs: timing, not state
+    resumed, reference = (
+        [{k: v for k, v in r.items() if k != "buffer/size"} for r in _stable(read_metrics(tmp_path / d))]
+        for d in ("opart", "ofull")
+    )
+    assert resumed == reference
