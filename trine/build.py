@@ -6,6 +6,7 @@ Every component receives only its own section's values as plain keyword argument
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ import torch
 
 from trine import registry
 from trine.config import RunConfig, TasksetConfig
+
+log = logging.getLogger("trine")
 
 
 @dataclass
@@ -85,6 +88,12 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
 
     algorithm = build_algorithm(cfg)
     train_set = build_taskset(cfg.tasks.train)
+    if train_set.skipped_rows:
+        log.warning(
+            "taskset %s: skipped %d bad row(s) (tasks.train.on_bad_row=skip)",
+            train_set.name,
+            train_set.skipped_rows,
+        )
     total = total_steps_of(cfg, len(train_set))
     epochs = cfg.tasks.epochs if cfg.tasks.total_steps is None else None
     scheduler = TaskScheduler(train_set, shuffle=cfg.tasks.shuffle, seed=cfg.seed, epochs=epochs)

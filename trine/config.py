@@ -510,7 +510,14 @@ def reference_markdown() -> str:
         lines += [f"#### `{title}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             ann = field.annotation
-            nested = next((c for c in (ann, *getattr(ann, "__args__", ())) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+            nested = next(
+                (
+                    c
+                    for c in (ann, *getattr(ann, "__args__", ()))
+                    if isinstance(c, type) and issubclass(c, BaseModel)
+                ),
+                None,
+            )
             if nested is not None and nested not in seen:
                 seen.add(nested)
                 sections.append((name if model is RunConfig else f"{title}.{name}", nested))

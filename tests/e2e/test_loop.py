@@ -68,3 +68,17 @@ def test_offset_run_resumes(arithmetic_config, tmp_path):
         for d in ("opart", "ofull")
     )
     assert resumed == reference
+
+
+def broken_loss(**_):
+    raise RuntimeError("this loss always fails")
+
+
+def test_a_run_whose_first_step_fails_says_so(arithmetic_config, tmp_path):
+    cfg = arithmetic_config({"algorithm": {"loss": "tests.e2e.test_loop:broken_loss"}}, name="broken")
+    with pytest.raises(RuntimeError, match="always fails"):
+        run(load_config(cfg))
+    status = json.loads((tmp_path / "broken" / "status.json").read_text())
+    assert status["state"] == "failed" and status["step"] == 0
+    assert "RuntimeError: this loss always fails" in status["error"]
+    assert not (tmp_path / "broken" / "checkpoints").exists()  # nothing half-written looks valid

@@ -255,3 +255,28 @@ def test_checkpoints_ignore_tmp_dirs_and_keep_prunes_old_ones(tokenizer, tmp_pat
     assert not (root / "step_11.tmp").exists() and (root / "step_11" / "weights.pt").is_file()
     assert (root / "step_11" / "tokenizer.json").is_file()
     assert list_checkpoints(tmp_path / "nothing") == []
+
+
+def test_kl_to_frozen_reference_grows_after_updates_and_pulls_back(tiny_model_dir, experiences):
+    """kl_coef > 0: k3 KL to the frozen reference is 0 before any update, then positive; a larger
+    coefficient keeps the policy closer to the reference."""
+    kls = {}
+    for coef in (0.0, 5.0):
+        model = load_model(tiny_model_dir)
+        ref = load_model(tiny_model_dir).requires_grad_(False)
+        algo = PRESETS["grpo"].with_overrides(kl_coef=max(coef, 1e-12))
+        trainer = Trainer(model, algo, pad_token_id=0, ref_model=ref, lr=1e-2, grad_clip=0)
+        first = trainer.step(experiences)
+        assert first["trainer/kl"] == pytest.approx(0.0, abs=1e-7)
+        for _ in range(4):
+            last = trainer.step(experiences)
+        kls[coef] = last["trainer/kl"]
+    assert kls[0.0] > 0
+    assert kls[5.0] < kls[0.0]
+
+
+def test_trainer_without_reference_refuses_kl(tiny_model_dir, experiences):
+    model = load_model(tiny_model_dir)
+    trainer = Trainer(model, PRESETS["grpo"].with_overrides(kl_coef=0.1), pad_token_id=0)
+    with pytest.raises(ValueError, match="no reference model"):
+        trainer.step(experiences)
