@@ -98,27 +98,15 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
     epochs = cfg.tasks.epochs if cfg.tasks.total_steps is None else None
     scheduler = TaskScheduler(train_set, shuffle=cfg.tasks.shuffle, seed=cfg.seed, epochs=epochs)
     ref_model = _frozen_copy(model) if algorithm.needs_ref else None
-    t = cfg.trainer
     trainer = Trainer(
         model,
         algorithm,
         pad_token_id=tokenizer.pad_token_id,
         ref_model=ref_model,
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-        betas=t.betas,
-        eps=t.eps,
-        lr_schedule=t.lr_schedule,
-        warmup_steps=t.warmup_steps,
-        min_lr_ratio=t.min_lr_ratio,
         total_steps=total,
-        grad_clip=t.grad_clip,
-        micro_batch_tokens=t.micro_batch_tokens,
-        mini_batches=t.mini_batches,
-        update_epochs=t.update_epochs,
-        recompute_logprobs=t.recompute_logprobs,
         max_response_length=cfg.tasks.train.sampling.max_tokens,
         seed=cfg.seed,
+        **cfg.trainer.model_dump(exclude={"save_every", "keep_checkpoints"}),
     )
     stage = Stage(
         cfg=cfg,
@@ -130,14 +118,13 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
     )
     if cfg.mode == "sync" or stage.eval_sets:
         _build_explorer(stage, model, tokenizer, run_dir)
-    if cfg.mode == "sync" and cfg.sync.sync_offset > 0 and stage.eval_sets:
-        stage.eval_explorer = _explorer(
-            cfg, HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed), None
-        )
     return stage
 
 
 def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> None:
+    """Rollout engine, explorer, weight sync and buffer; with sync_offset > 0 the engine samples a
+    snapshot copy of the weights and evaluation gets its own engine over the trainer's weights."""
+    from trine.models.engine import HFEngine
     from trine.sync import SharedWeights, StateDictCopy
 
     cfg = stage.cfg
@@ -149,6 +136,9 @@ def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> 
     stage.sync = StateDictCopy() if snapshot else SharedWeights()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
     stage.explorer = stage.eval_explorer = _explorer(cfg, stage.engine, rollouts)
+    if snapshot and stage.eval_sets:
+        engine = HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
+        stage.eval_explorer = _explorer(cfg, engine, None)
     stage.buffer = registry.resolve("storage", cfg.buffer.storage)()
 
 
@@ -164,12 +154,6 @@ def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None) -> Any:
         reward_timeout=e.reward_timeout,
         rollouts_path=rollouts,
     )
-
-
-def HFEngine(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (lazy import of the engine class)
-    from trine.models.engine import HFEngine as cls
-
-    return cls(*args, **kwargs)
 
 
 def _frozen_copy(model: Any) -> Any:

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from trine import registry
 from trine.types import Experience, Task, new_id
 
@@ -77,8 +75,8 @@ class Explorer:
         Sampling uses a generator seeded with ``seed`` so evaluation never disturbs the
         training RNG stream (and is reproducible).
         """
-        engine_gen = self.model.generator
-        self.model.generator = torch.Generator().manual_seed(seed)
+        saved = self.model.generator.get_state()
+        self.model.generator.manual_seed(seed)
         out: dict[str, float] = {}
         try:
             if greedy:
@@ -91,7 +89,7 @@ class Explorer:
                 out[f"eval/{name}/avg@{k}"] = statistics.fmean(x for c in correct for x in c)
                 out[f"eval/{name}/pass@{k}"] = statistics.fmean(float(any(c)) for c in correct)
         finally:
-            self.model.generator = engine_gen
+            self.model.generator.set_state(saved)
         return out
 
     def close(self) -> None:

@@ -41,7 +41,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.policy_version = 0
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = torch.Generator(device=model.device).manual_seed(seed)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._pending: list[_Request] = []
@@ -182,9 +182,9 @@ class HFEngine:
         if bool(sampled.any()):
             filt = _filter(logp, rows.top_k[active], rows.top_p[active]) if rows.any_filter else logp
             probs = torch.softmax(filt, dim=-1)
-            draw = torch.multinomial(probs.cpu(), 1, generator=self.generator).squeeze(-1).to(tok.device)
+            draw = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
             for i, gen in rows.seeded(active):
-                draw[i] = torch.multinomial(probs[i].cpu(), 1, generator=gen)[0]
+                draw[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
             tok = torch.where(sampled, draw, tok)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
@@ -232,7 +232,7 @@ class _RowParams:
             if p.seed is not None:
                 j = counts.setdefault(id(p), 0)
                 counts[id(p)] = j + 1
-                self._generators[i] = torch.Generator().manual_seed(p.seed + j)
+                self._generators[i] = torch.Generator(device=device).manual_seed(p.seed + j)
 
     def seeded(self, active: Tensor) -> list[tuple[int, torch.Generator]]:
         if not self._generators:
