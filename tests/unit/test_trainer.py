@@ -280,3 +280,14 @@ def test_trainer_without_reference_refuses_kl(tiny_model_dir, experiences):
     trainer = Trainer(model, PRESETS["grpo"].with_overrides(kl_coef=0.1), pad_token_id=0)
     with pytest.raises(ValueError, match="no reference model"):
         trainer.step(experiences)
+
+
+def test_several_optimizer_steps_per_batch(tiny_model_dir, tokenizer, experiences):
+    """mini_batches x update_epochs optimizer steps (and LR-schedule steps) per training step, one version."""
+    trainer = _trainer(tiny_model_dir, tokenizer, lr=0.05, mini_batches=2, update_epochs=2, grad_clip=0)
+    metrics = trainer.step(experiences)
+    assert trainer.scheduler.last_epoch == 4
+    adam_steps = {int(s["step"]) for s in trainer.optimizer.state.values()}
+    assert adam_steps == {4}
+    assert trainer.version == 1
+    assert metrics["trainer/grad_norm"] > 0
