@@ -84,6 +84,8 @@ class SamplingConfig(Section):
     """Extra stop token ids besides eos."""
     seed: int | None = None
     """Per-request seed (None: the engine's seeded generator)."""
+    ignore_eos: bool = False
+    """Generate past eos up to max_tokens (fixed-length sampling for benchmarks)."""
 
 
 class TasksetConfig(Section):

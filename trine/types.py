@@ -45,6 +45,8 @@ class SamplingParams:
     """Extra stop token ids besides the tokenizer's eos."""
     seed: int | None = None
     """Seed for this request; None uses the engine's own generator (reproducible from its seed)."""
+    ignore_eos: bool = False
+    """Keep generating past eos until max_tokens or a stop token (benchmarks, fixed-length sampling)."""
 
     def replace(self, **changes: Any) -> SamplingParams:
         data = asdict(self)

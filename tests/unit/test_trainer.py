@@ -128,7 +128,11 @@ def test_step_requires_rewards_and_counts_empty_batches(tiny_model_dir, tokenize
 
 def test_plan_micro_batches_respects_the_budget_and_buckets_by_length():
     lengths = [10, 3, 9, 2, 4, 11]
-    assert plan_micro_batches(lengths, 22) == [[5, 0], [2, 4], [1, 3]]
+    # sorted: 11 10 9 4 3 2. Three micro-batches are needed under budget 22; 11 10 | 9 | 4 3 2 processes
+    # 2*11 + 9 + 3*4 = 43 padded tokens (the greedy 11 10 | 9 4 | 3 2 would take 22 + 18 + 6 = 46).
+    assert plan_micro_batches(lengths, 22, overhead_tokens=128) == [[5, 0], [2], [4, 1, 3]]
+    # with no launch overhead every sequence is its own micro-batch: no padding at all
+    assert plan_micro_batches(lengths, 22, overhead_tokens=0) == [[5], [0], [2], [4], [1], [3]]
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 50, (40,), generator=gen).tolist()
     for budget in (1, 30, 64, 200, 10_000):

@@ -38,6 +38,30 @@ def step_normalizer(masks: list[Tensor], mode: str, *, max_response_length: int 
     return max(total, 1.0)
 
 
+def split_normalizer(
+    masks: list[Tensor],
+    is_expert: list[Tensor],
+    mode: str,
+    *,
+    max_response_length: int | None = None,
+) -> tuple[float, float]:
+    """Step normalizers of the non-expert rows and of the expert rows, for ``mix_loss``.
+
+    ``masks[k]`` is micro-batch ``k``'s ``[B_k, T_k]`` action mask and ``is_expert[k]`` its ``[B_k]``
+    bool row flags. Returns ``(normalizer, expert_normalizer)``: :func:`step_normalizer` over each
+    kind of row alone (1.0 when a kind is absent).
+    """
+    if len(masks) != len(is_expert):
+        raise ValueError(f"got {len(masks)} masks but {len(is_expert)} is_expert flags; give one per micro-batch")
+    flags = [e.to(torch.bool).to(m.device) for m, e in zip(masks, is_expert)]
+    policy = [m[~e] for m, e in zip(masks, flags)]
+    expert = [m[e] for m, e in zip(masks, flags)]
+    return (
+        step_normalizer(policy, mode, max_response_length=max_response_length),
+        step_normalizer(expert, mode, max_response_length=max_response_length),
+    )
+
+
 def aggregate(loss: Tensor, mask: Tensor, mode: str, normalizer: float) -> Tensor:
     """Aggregate per-token ``loss`` ``[B, T]`` under ``mask`` for one micro-batch.
 

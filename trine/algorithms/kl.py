@@ -1,9 +1,11 @@
-"""KL estimators and entropy: pure per-token functions."""
+"""KL estimators, KL-coefficient control, KL-in-reward shaping, entropy and the entropy bonus."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from trine.algorithms.aggregation import aggregate, masked_mean
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "abs", "mse")
 
@@ -46,3 +48,63 @@ def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
         lse = torch.logsumexp(z, dim=-1)
         out[start : start + chunk_size] = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
     return out.reshape(logits.shape[:-1])
+
+
+def entropy_bonus(
+    entropy: Tensor,
+    action_mask: Tensor,
+    coef: float,
+    normalizer: float,
+    agg_mode: str = "token-mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """Entropy bonus as a loss term: ``-coef · agg(H_t)`` (add it to the policy loss).
+
+    ``entropy`` is the per-token ``[B, T]`` entropy from :func:`entropy_from_logits` *with* gradient;
+    aggregated like the policy loss with the same step ``normalizer`` so micro-batches stay exact.
+    (Entropy regularization as in Mnih et al., "Asynchronous Methods for Deep RL", arXiv 1602.01783,
+    and the PPO objective, arXiv 1707.06347 eq. 9.)
+
+    Stats: ``entropy`` (mean over this micro-batch's action tokens).
+    """
+    term = -coef * aggregate(entropy, action_mask, agg_mode, normalizer)
+    with torch.no_grad():
+        stats = {"entropy": float(masked_mean(entropy, action_mask))}
+    return term, stats
+
+
+def adaptive_kl_coef(
+    current_coef: float, observed_kl: float, target_kl: float, horizon: float, n_steps: int
+) -> float:
+    """Adaptive KL controller: the next KL coefficient.
+
+    ``e = clip(KL / KL_target - 1, -0.2, 0.2)``, ``β ← β · (1 + e · n_steps / horizon)``, where
+    ``n_steps`` is the number of samples (or steps) since the last update. Paper: Ziegler et al.,
+    "Fine-Tuning Language Models from Human Preferences", arXiv 1909.08593, §2.2.
+    """
+    if target_kl <= 0 or horizon <= 0:
+        raise ValueError(f"adaptive KL needs target_kl > 0 and horizon > 0, got {target_kl}, {horizon}")
+    error = min(max(observed_kl / target_kl - 1.0, -0.2), 0.2)
+    return float(current_coef * (1.0 + error * n_steps / horizon))
+
+
+def kl_in_reward(
+    rewards: Tensor, kl: Tensor, coef: float, action_mask: Tensor
+) -> tuple[Tensor, dict[str, float]]:
+    """KL as a reward penalty (instead of a loss term).
+
+    - ``rewards [B, T]`` (token rewards): ``r_t - β · kl_t`` on action tokens (0 elsewhere).
+    - ``rewards [B]`` (outcome rewards): ``r - β · Σ_t m_t kl_t``.
+
+    ``kl`` is a per-token estimate such as ``kl_penalty(old_logprobs, ref_logprobs, "k1")`` computed
+    without gradient. Paper: Ziegler et al., arXiv 1909.08593 eq. (2); Ouyang et al., arXiv 2203.02155.
+
+    Stats: ``kl_in_reward`` (mean per-token KL), ``kl_coef``.
+    """
+    mask = action_mask.to(torch.float64)
+    kl64 = kl.detach().to(torch.float64) * mask
+    if rewards.dim() == 1:
+        shaped = rewards.to(torch.float64) - coef * kl64.sum(-1)
+    else:
+        shaped = (rewards.to(torch.float64) - coef * kl64) * mask
+    stats = {"kl_in_reward": float(masked_mean(kl64, mask)), "kl_coef": float(coef)}
+    return shaped.to(torch.float32), stats

@@ -13,6 +13,7 @@ from typing import Any
 
 from trine import registry
 from trine.algorithms.aggregation import aggregate, step_normalizer
+from trine.algorithms.inputs import ADVANTAGE_INPUTS, LOSS_INPUTS, check_args, needed_inputs
 from trine.algorithms.kl import entropy_from_logits, kl_penalty
 
 
@@ -64,6 +65,23 @@ class Algorithm:
     @property
     def aggregate_fn(self) -> Any:
         return aggregate
+
+    @property
+    def advantage_inputs(self) -> tuple[str, ...]:
+        """Batch inputs the advantage function reads (names from ``ADVANTAGE_INPUTS``)."""
+        fn = self.advantage_fn
+        return () if fn is None else needed_inputs(fn, ADVANTAGE_INPUTS)
+
+    @property
+    def loss_inputs(self) -> tuple[str, ...]:
+        """Batch inputs the loss function reads (names from ``LOSS_INPUTS``)."""
+        return needed_inputs(self.loss_fn, LOSS_INPUTS)
+
+    def check_args(self) -> None:
+        """Raise if ``advantage_args``/``loss_args`` name an argument the functions do not take."""
+        if self.advantage is not None:
+            check_args(self.advantage_fn, self.advantage_args, ADVANTAGE_INPUTS, "algorithm.advantage_args")
+        check_args(self.loss_fn, self.loss_args, LOSS_INPUTS, "algorithm.loss_args")
 
     def with_overrides(self, **overrides: Any) -> Algorithm:
         """A copy with the given fields replaced (None values are ignored; dict args are merged)."""

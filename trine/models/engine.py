@@ -220,11 +220,9 @@ class _RowParams:
         self.max_tokens = torch.tensor([p.max_tokens for p in params], dtype=torch.long, device=device)
         self.max_new = max(p.max_tokens for p in params)
         self.any_filter = any(p.top_k > 0 or p.top_p < 1 for p in params)
-        width = max(len(p.stop_token_ids) for p in params) + len(eos_ids)
-        stops = [list(eos_ids) + list(p.stop_token_ids) for p in params]
-        self.stop_ids = torch.tensor(
-            [s + [s[0]] * (width - len(s)) for s in stops], dtype=torch.long, device=device
-        )
+        stops = [([] if p.ignore_eos else list(eos_ids)) + list(p.stop_token_ids) for p in params]
+        width = max(1, max(len(s) for s in stops))
+        self.stop_ids = torch.tensor([s + [-1] * (width - len(s)) for s in stops], dtype=torch.long, device=device)
         self.stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
         self._generators: dict[int, torch.Generator] = {}
         counts: dict[int, int] = {}

@@ -39,27 +39,32 @@ class MicroBatch:
         return self.input_ids.numel()
 
 
-def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+def plan_micro_batches(lengths: list[int], token_budget: int, overhead_tokens: int = 128) -> list[list[int]]:
     """Group sequence indices into micro-batches whose padded size ``B × max_len`` fits the budget.
 
-    Sequences are sorted by length (longest first) so that each micro-batch holds similar lengths
-    (length bucketing: little padding). A sequence longer than the budget gets a micro-batch of its
-    own. The plan depends only on the lengths, so it is deterministic.
+    Length bucketing: sequences are sorted by length (longest first) and cut into contiguous groups
+    by dynamic programming that minimises ``padded tokens + overhead_tokens × micro-batches`` — each
+    extra micro-batch costs a fixed launch overhead, each pad token costs compute. A sequence longer
+    than the budget gets a micro-batch of its own. The plan depends only on the lengths.
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    sizes = [lengths[i] for i in order]
+    n = len(sizes)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        start = end - 1
+        while start >= 0 and (start == end - 1 or (end - start) * sizes[start] <= token_budget):
+            cost = best[start] + (end - start) * sizes[start] + overhead_tokens
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+            start -= 1
     plan: list[list[int]] = []
-    current: list[int] = []
-    width = 0
-    for i in order:
-        if current and (len(current) + 1) * width > token_budget:
-            plan.append(current)
-            current = []
-        if not current:
-            width = lengths[i]
-        current.append(i)
-    if current:
-        plan.append(current)
-    return plan
+    end = n
+    while end > 0:
+        plan.append(order[cut[end] : end])
+        end = cut[end]
+    return plan[::-1]
 
 
 def collate(

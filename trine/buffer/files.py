@@ -1,0 +1,285 @@
+"""File storage: import/export of experiences (jsonl, parquet) and a jsonl-backed buffer.
+
+Formats (one record per Experience; the names are the ``Experience`` fields):
+
+``.jsonl`` — one JSON object per line, ``Experience.to_dict()``: ``id`` (str), ``tokens`` (list of
+int), ``prompt_length`` (int), ``action_mask`` (list of int), ``logprobs`` (list of float or null),
+``reward`` (float or null), ``token_rewards`` (list of float or null), ``task_id``, ``group_id``,
+``run_id`` (str), ``step``, ``policy_version`` (int), ``kind`` (str), ``info`` (object). Floats are
+written exactly (Python ``repr``). A :class:`FileBuffer` log adds event lines, recognised by an
+``"_event"`` key: ``{"_event": "reward", "id": ..., "reward": ...}``, ``{"_event": "consumed",
+"ids": [...]}`` and ``{"_event": "dropped", "ids": [...]}``; :func:`import_experiences` applies the
+reward events and ignores the others, so a buffer's log imports as its experiences.
+
+``.parquet`` — columns ``id`` string, ``tokens`` list<int32>, ``prompt_length`` int32,
+``action_mask`` list<int32>, ``logprobs`` list<float32> (null when None), ``reward`` float64 (null
+when pending), ``token_rewards`` list<float32> (null when None), ``task_id`` / ``group_id`` /
+``run_id`` / ``kind`` string, ``step`` / ``policy_version`` int64, ``info`` string (JSON text).
+Logprobs and token rewards are rounded to float32. pyarrow is imported only for parquet.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from trine.buffer.base import BufferTimeout
+from trine.types import Experience
+
+_SUFFIXES = (".jsonl", ".parquet")
+
+
+def _suffix(path: Path) -> str:
+    if path.suffix not in _SUFFIXES:
+        raise ValueError(f"experience file {str(path)!r}: expected a name ending in one of {_SUFFIXES}.")
+    return path.suffix
+
+
+def _parquet_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("tokens", pa.list_(pa.int32())),
+            ("prompt_length", pa.int32()),
+            ("action_mask", pa.list_(pa.int32())),
+            ("logprobs", pa.list_(pa.float32())),
+            ("reward", pa.float64()),
+            ("token_rewards", pa.list_(pa.float32())),
+            ("task_id", pa.string()),
+            ("group_id", pa.string()),
+            ("run_id", pa.string()),
+            ("step", pa.int64()),
+            ("policy_version", pa.int64()),
+            ("kind", pa.string()),
+            ("info", pa.string()),
+        ]
+    )
+
+
+def export_experiences(experiences: list[Experience], path: str | os.PathLike[str]) -> int:
+    """Write ``experiences`` to ``path`` (``.jsonl`` or ``.parquet``); returns how many were written."""
+    path = Path(path)
+    suffix = _suffix(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".jsonl":
+        with path.open("w", encoding="utf-8") as f:
+            for e in experiences:
+                f.write(json.dumps(e.to_dict(), ensure_ascii=False) + "\n")
+        return len(experiences)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{**e.to_dict(), "info": json.dumps(e.info, ensure_ascii=False)} for e in experiences]
+    pq.write_table(pa.Table.from_pylist(rows, schema=_parquet_schema()), path)
+    return len(experiences)
+
+
+def import_experiences(path: str | os.PathLike[str]) -> list[Experience]:
+    """Read the experiences stored in a ``.jsonl`` or ``.parquet`` file (see the module docstring)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"experience file {str(path)!r} does not exist; check the path.")
+    if _suffix(path) == ".jsonl":
+        found: dict[str, Experience] = {}
+        for record in _read_jsonl(path):
+            if "_event" not in record:
+                e = Experience.from_dict(record)
+                found[e.id] = e
+            elif record["_event"] == "reward" and record["id"] in found:
+                found[record["id"]].reward = record["reward"]
+        return list(found.values())
+    import pyarrow.parquet as pq
+
+    out = []
+    for row in pq.read_table(path).to_pylist():
+        info = row.get("info")
+        row["info"] = json.loads(info) if isinstance(info, str) else dict(info or {})
+        out.append(Experience.from_dict({k: v for k, v in row.items() if v is not None or k == "reward"}))
+    return out
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a jsonl file; a torn last line (a crash mid-write) is skipped with a warning."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if i == len(lines) - 1:
+                warnings.warn(f"{path}: skipping a truncated last line ({err})", stacklevel=3)
+                continue
+            raise ValueError(f"{path}:{i + 1} is not valid JSON ({err}); fix or remove that line.") from err
+    return records
+
+
+class FileBuffer:
+    """A buffer kept as an append-only jsonl log (format in the module docstring).
+
+    Every put, reward, consumption and stale drop is appended (and flushed) before it takes
+    effect, and opening an existing file replays the log, so the buffer survives restarts and its
+    file can be read with :func:`import_experiences`. The in-memory state is a FIFO of trainable
+    experiences plus pending ones, with exactly :class:`~trine.buffer.memory.MemoryBuffer`'s
+    semantics. Thread-safe, but **single process**: two processes appending to one file would
+    each hand out the same experiences; use :class:`~trine.buffer.sql.SQLBuffer` for that.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] = "buffer.jsonl", *, fsync: bool = False) -> None:
+        self.path = Path(path)
+        if self.path.suffix != ".jsonl":
+            raise ValueError(f"FileBuffer path={str(self.path)!r}: expected a '.jsonl' file.")
+        self.fsync = fsync
+        self._ready: collections.deque[Experience] = collections.deque()
+        self._pending: dict[str, Experience] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self.dropped_stale = 0
+        self.consumed = 0
+        if self.path.exists():
+            self._replay()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _replay(self) -> None:
+        for record in _read_jsonl(self.path):
+            event = record.get("_event")
+            if event is None:
+                self._add(Experience.from_dict(record))
+            elif event == "reward":
+                self._fill(record["id"], record["reward"])
+            elif event in ("consumed", "dropped"):
+                gone = set(record["ids"])
+                self._ready = collections.deque(e for e in self._ready if e.id not in gone)
+                if event == "consumed":
+                    self.consumed += len(gone)
+                else:
+                    self.dropped_stale += len(gone)
+
+    def _append(self, records: list[dict[str, Any]]) -> None:
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+
+    def _add(self, e: Experience) -> None:
+        if e.reward is None:
+            self._pending[e.id] = e
+        else:
+            self._ready.append(e)
+
+    def _fill(self, exp_id: str, reward: float) -> None:
+        e = self._pending.pop(exp_id, None)
+        if e is None:  # a log edited by hand: nothing pending under that id
+            return
+        e.reward = float(reward)
+        self._ready.append(e)
+
+    def put(self, experiences: list[Experience]) -> None:
+        """Append experiences (``reward=None`` ones wait as pending)."""
+        for e in experiences:
+            e.check()
+        with self._cond:
+            self._append([e.to_dict() for e in experiences])
+            for e in experiences:
+                self._add(e)
+            self._cond.notify_all()
+
+    def set_rewards(self, rewards: dict[Any, float]) -> int:
+        """Fill pending rewards by experience id or ``(task_id, run_id)``; returns how many filled."""
+        with self._cond:
+            updates: dict[str, float] = {}
+            for key, reward in rewards.items():
+                if isinstance(key, str):
+                    if key in self._pending:
+                        updates[key] = float(reward)
+                elif isinstance(key, (tuple, list)) and len(key) == 2:
+                    for e in self._pending.values():
+                        if (e.task_id, e.run_id) == tuple(key):
+                            updates[e.id] = float(reward)
+                else:
+                    raise TypeError(
+                        f"set_rewards key {key!r}: expected an experience id (str) or a (task_id, run_id) pair."
+                    )
+            self._append([{"_event": "reward", "id": i, "reward": r} for i, r in updates.items()])
+            for exp_id, reward in updates.items():
+                self._fill(exp_id, reward)
+            self._cond.notify_all()
+            return len(updates)
+
+    def get(
+        self, n: int, *, min_version: int | None = None, timeout: float | None = None
+    ) -> list[Experience]:
+        """Take ``n`` trainable experiences, oldest first (the MemoryBuffer rule), or raise BufferTimeout."""
+        if n <= 0:
+            raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._drop_stale(min_version)
+                if len(self._ready) >= n:
+                    out = [self._ready[i] for i in range(n)]
+                    self._append([{"_event": "consumed", "ids": [e.id for e in out]}])
+                    for _ in range(n):
+                        self._ready.popleft()
+                    self.consumed += n
+                    return out
+                if self._closed:
+                    raise BufferTimeout(
+                        f"buffer closed with {len(self._ready)} of {n} requested experiences ready"
+                    )
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise BufferTimeout(
+                        f"only {len(self._ready)} of {n} experiences were ready after {timeout}s "
+                        f"({len(self._pending)} pending a reward); raise buffer.get_timeout or check the explorer."
+                    )
+                self._cond.wait(remaining)
+
+    def _drop_stale(self, min_version: int | None) -> None:
+        if min_version is None:
+            return
+        stale = [e.id for e in self._ready if e.policy_version < min_version]
+        if stale:
+            self._append([{"_event": "dropped", "ids": stale}])
+            self._ready = collections.deque(e for e in self._ready if e.policy_version >= min_version)
+            self.dropped_stale += len(stale)
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def metrics(self) -> dict[str, float]:
+        """``buffer/size``, ``buffer/pending`` and ``buffer/dropped_stale``."""
+        with self._cond:
+            return {
+                "buffer/size": float(len(self._ready)),
+                "buffer/pending": float(len(self._pending)),
+                "buffer/dropped_stale": float(self.dropped_stale),
+            }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The log file is the state; this records its path and the counters."""
+        with self._cond:
+            return {"path": str(self.path), "consumed": self.consumed, "dropped_stale": self.dropped_stale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the counters (the experiences were replayed from the file when it was opened)."""
+        with self._cond:
+            self.consumed = int(state.get("consumed", self.consumed))
+            self.dropped_stale = int(state.get("dropped_stale", self.dropped_stale))
+
+    def close(self) -> None:
+        """Stop waiting ``get`` calls (the file is closed after every write already)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()

@@ -1,0 +1,380 @@
+"""SQL experience storage through SQLAlchemy 2: a SQLite file by default, PostgreSQL by URL.
+
+The database is the buffer: several explorer (writer) processes and several trainer (reader)
+processes may share one database, and every experience is handed out by ``get`` exactly once.
+Rows are queryable with plain SQL; the layout is documented in :mod:`trine.buffer.sql_schema`.
+
+SQLAlchemy (and the PostgreSQL driver) are imported lazily, on first use of a buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from trine.buffer.base import BufferTimeout
+from trine.buffer.sql_schema import (
+    DROPPED,
+    PENDING,
+    READY,
+    build_table,
+    experience_to_row,
+    row_to_experience,
+)
+from trine.types import Experience
+
+# Engines inherited through fork(): the child never uses them, and keeps them referenced so that
+# garbage collection never closes (and so terminates) connections that belong to the parent.
+_INHERITED_ENGINES: list[Any] = []
+
+_RETRY_MESSAGES = ("database is locked", "database is busy", "deadlock detected", "could not serialize")
+
+
+def _is_retryable(err: BaseException) -> bool:
+    text = str(err).lower()
+    return any(m in text for m in _RETRY_MESSAGES)
+
+
+def normalize_url(url: str | os.PathLike[str]) -> str:
+    """A SQLAlchemy URL; a plain file path (no ``://``) means a SQLite file there."""
+    text = os.fspath(url)
+    return text if "://" in text else f"sqlite:///{Path(text).expanduser().resolve()}"
+
+
+class SQLBuffer:
+    """Experiences in a SQL table (SQLite in WAL mode, or PostgreSQL), shared between processes.
+
+    Consumption rule: a row is *trainable* when its ``reward_status`` is ``"ready"`` and its
+    ``consumed_at`` is NULL. ``get(n)`` first marks trainable rows with ``policy_version <
+    min_version`` as ``"dropped"`` (counted in ``buffer/dropped_stale``), then, in one transaction,
+    claims the ``n`` oldest trainable rows (lowest ``seq``) and sets their ``consumed_at`` and
+    ``use_count``. On PostgreSQL the claim is ``SELECT ... FOR UPDATE SKIP LOCKED``, so concurrent
+    readers take disjoint rows; on SQLite the transaction is ``BEGIN IMMEDIATE`` (one writer at a
+    time, so the claim-and-mark is atomic) and "database is locked" is retried. If fewer than ``n``
+    rows are trainable nothing is claimed: ``get`` polls (every ``poll_interval`` seconds, sooner
+    after a ``put`` in this process) until ``timeout`` and then raises :class:`BufferTimeout`.
+    Consumed rows stay in the table (for queries and export); they are never handed out again.
+
+    Pending rows (``reward=None``) are stored with status ``"pending"`` and become ready through
+    :meth:`set_rewards`. Works from threads and from processes (fork or spawn): each process opens
+    its own engine lazily on first use. SQLite needs a file (not ``:memory:``) on a local disk.
+
+    Args:
+        url: SQLAlchemy URL (``sqlite:///path/buffer.db``, ``postgresql+psycopg://user:pw@host/db``)
+            or a plain file path for SQLite.
+        table: table name; several buffers may share a database under different names.
+        poll_interval: seconds between checks while ``get`` waits.
+        busy_timeout: seconds SQLite waits for the write lock before "database is locked".
+    """
+
+    def __init__(
+        self,
+        url: str = "sqlite:///buffer.db",
+        *,
+        table: str = "experiences",
+        poll_interval: float = 0.05,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        if not table.isidentifier():
+            raise ValueError(f"SQLBuffer table={table!r}: expected a plain identifier such as 'experiences'.")
+        self.url = normalize_url(url)
+        self.table_name = table
+        self.poll_interval = poll_interval
+        self.busy_timeout = busy_timeout
+        self.consumed = 0
+        """Experiences handed out by this object (the database counts for all processes)."""
+        self.dropped_stale = 0
+        """Stale experiences dropped by this object's ``get`` calls."""
+        self._closed = False
+        self._init_process_state()
+
+    # -- per-process state ------------------------------------------------------------------------
+
+    def _init_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._engine: Any = None
+        self._write_engine: Any = None
+        self._table: Any = None
+        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_engine", "_write_engine", "_table", "_lock", "_cond", "_pid"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+
+    def _engines(self) -> tuple[Any, Any]:
+        """(engine for reads, engine whose transactions take the write lock), created lazily."""
+        if self._pid != os.getpid():  # forked: leave the parent's connections alone
+            if self._engine is not None:
+                _INHERITED_ENGINES.append(self._engine)
+            self._init_process_state()
+        if self._engine is None:
+            with self._lock:
+                if self._engine is None:
+                    self._open()
+        return self._engine, self._write_engine
+
+    def _open(self) -> None:
+        import sqlalchemy as sa
+
+        url = sa.make_url(self.url)
+        if url.get_backend_name() == "sqlite":
+            if url.database in (None, "", ":memory:") or url.database.startswith("file::memory"):
+                raise ValueError(
+                    f"SQLBuffer url={self.url!r}: an in-memory SQLite database cannot be shared; "
+                    "give a file, e.g. 'sqlite:///runs/x/buffer.db', or use storage 'memory'."
+                )
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+            engine = sa.create_engine(url, connect_args={"timeout": self.busy_timeout})
+            _configure_sqlite(engine, self.busy_timeout)
+            write_engine = engine.execution_options(sqlite_begin="IMMEDIATE")
+        else:
+            engine = sa.create_engine(url, pool_pre_ping=True)
+            write_engine = engine
+        table = build_table(sa.MetaData(), self.table_name)
+        self._retry(lambda: table.metadata.create_all(write_engine), what="create the table")
+        self._engine, self._write_engine, self._table = engine, write_engine, table
+
+    def _retry(self, fn: Any, *, what: str, attempts: int = 20) -> Any:
+        """Run ``fn`` again after transient lock/deadlock errors (and a create-table race)."""
+        import sqlalchemy as sa
+
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except (sa.exc.OperationalError, sa.exc.IntegrityError, sa.exc.ProgrammingError) as err:
+                racing_create = what == "create the table" and "exist" in str(err).lower()
+                if attempt == attempts - 1 or not (_is_retryable(err) or racing_create):
+                    raise
+                time.sleep(min(0.01 * 2**attempt, 0.5))
+        raise AssertionError("unreachable")
+
+    # -- the Buffer protocol ----------------------------------------------------------------------
+
+    def put(self, experiences: list[Experience]) -> None:
+        """Store experiences: those with a reward become trainable, ``reward=None`` ones pending."""
+        for e in experiences:
+            e.check()
+        if not experiences:
+            return
+        _, write = self._engines()
+        now = time.time()
+        rows = [experience_to_row(e, now) for e in experiences]
+        import sqlalchemy as sa
+
+        def insert() -> None:
+            with write.begin() as conn:
+                conn.execute(sa.insert(self._table), rows)
+
+        try:
+            self._retry(insert, what="put")
+        except sa.exc.IntegrityError as err:
+            raise ValueError(
+                f"put: an experience id in {[e.id for e in experiences][:5]}... is already stored in "
+                f"table {self.table_name!r} ({err.orig}); give each Experience a fresh id."
+            ) from err
+        self._wake()
+
+    def set_rewards(self, rewards: dict[Any, float]) -> int:
+        """Fill in pending rewards; returns how many rows became trainable.
+
+        Keys are experience ids, or ``(task_id, run_id)`` pairs (which fill every pending step of
+        that rollout). Rows that are not pending (unknown, already rewarded) are left alone.
+        """
+        import sqlalchemy as sa
+
+        _, write = self._engines()
+        t = self._table
+        conditions = []
+        for key, reward in rewards.items():
+            if isinstance(key, str):
+                cond = t.c.id == key
+            elif isinstance(key, (tuple, list)) and len(key) == 2:
+                cond = sa.and_(t.c.task_id == key[0], t.c.run_id == key[1])
+            else:
+                raise TypeError(
+                    f"set_rewards key {key!r}: expected an experience id (str) or a (task_id, run_id) pair."
+                )
+            conditions.append((cond, float(reward)))
+
+        def update() -> int:
+            done = 0
+            with write.begin() as conn:
+                for cond, reward in conditions:
+                    stmt = sa.update(t).where(cond, t.c.reward_status == PENDING)
+                    done += conn.execute(stmt.values(reward=reward, reward_status=READY)).rowcount
+            return done
+
+        done = self._retry(update, what="set_rewards")
+        self._wake()
+        return done
+
+    def get(
+        self, n: int, *, min_version: int | None = None, timeout: float | None = None
+    ) -> list[Experience]:
+        """Take ``n`` trainable experiences, oldest first, or raise :class:`BufferTimeout`.
+
+        See the class docstring for the consumption rule; nothing is consumed on timeout.
+        """
+        if n <= 0:
+            raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            fresh, stale = self._retry(lambda: self._peek(min_version), what="get")
+            if fresh >= n or stale:
+                got = self._retry(lambda: self._claim(n, min_version), what="get")
+                if got is not None:
+                    self.consumed += n
+                    return got
+            if self._closed:
+                raise BufferTimeout(f"buffer closed with {fresh} of {n} requested experiences ready")
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                counts = self._counts()
+                raise BufferTimeout(
+                    f"only {counts[READY]} of {n} experiences were ready after {timeout}s "
+                    f"({counts[PENDING]} pending a reward); raise buffer.get_timeout or check the explorer."
+                )
+            wait = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
+            with self._cond:
+                self._cond.wait(wait)
+
+    def _claimable(self) -> Any:
+        t = self._table
+        return (t.c.reward_status == READY) & t.c.consumed_at.is_(None)
+
+    def _peek(self, min_version: int | None) -> tuple[int, int]:
+        """(trainable rows at or above min_version, stale trainable rows) without taking a lock."""
+        import sqlalchemy as sa
+
+        read, _ = self._engines()
+        t = self._table
+        is_stale = sa.false() if min_version is None else t.c.policy_version < min_version
+        stmt = sa.select(
+            sa.func.count(),
+            sa.func.coalesce(sa.func.sum(sa.case((is_stale, 1), else_=0)), 0),
+        ).where(self._claimable())
+        with read.connect() as conn:
+            total, stale = conn.execute(stmt).one()
+        return int(total) - int(stale), int(stale)
+
+    def _claim(self, n: int, min_version: int | None) -> list[Experience] | None:
+        """One transaction: drop stale rows, then claim ``n`` rows if there are that many."""
+        import sqlalchemy as sa
+
+        _, write = self._engines()
+        t = self._table
+        with write.begin() as conn:
+            if min_version is not None:
+                stale = sa.select(t.c.seq).where(self._claimable(), t.c.policy_version < min_version)
+                stale = stale.with_for_update(skip_locked=True)
+                stmt = sa.update(t).where(t.c.seq.in_(stale.scalar_subquery()))
+                self.dropped_stale += conn.execute(stmt.values(reward_status=DROPPED)).rowcount
+            query = sa.select(t).where(self._claimable()).order_by(t.c.seq).limit(n)
+            if min_version is not None:
+                query = query.where(t.c.policy_version >= min_version)
+            rows = conn.execute(query.with_for_update(skip_locked=True)).all()
+            if len(rows) < n:
+                return None
+            mark = sa.update(t).where(t.c.seq.in_([r.seq for r in rows]), t.c.consumed_at.is_(None))
+            marked = conn.execute(mark.values(consumed_at=time.time(), use_count=t.c.use_count + 1))
+            if marked.rowcount != n:  # cannot happen with the locks above; never hand out twice
+                conn.rollback()
+                return None
+        return [row_to_experience(r) for r in rows]
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- introspection and state ------------------------------------------------------------------
+
+    def _counts(self) -> dict[str, int]:
+        """Unconsumed rows per reward_status (for all processes sharing the table)."""
+        import sqlalchemy as sa
+
+        read, _ = self._engines()
+        t = self._table
+        stmt = (
+            sa.select(t.c.reward_status, sa.func.count())
+            .where(t.c.consumed_at.is_(None))
+            .group_by(t.c.reward_status)
+        )
+
+        def count() -> dict[str, int]:
+            with read.connect() as conn:
+                found = dict(conn.execute(stmt).all())
+            return {s: int(found.get(s, 0)) for s in (PENDING, READY, DROPPED)}
+
+        return self._retry(count, what="count")
+
+    def __len__(self) -> int:
+        return self._counts()[READY]
+
+    def metrics(self) -> dict[str, float]:
+        """``buffer/size`` (trainable rows), ``buffer/pending`` and ``buffer/dropped_stale`` (all time)."""
+        counts = self._counts()
+        return {
+            "buffer/size": float(counts[READY]),
+            "buffer/pending": float(counts[PENDING]),
+            "buffer/dropped_stale": float(counts[DROPPED]),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The database is the state; this records where it is (password hidden) and the counters."""
+        import sqlalchemy as sa
+
+        return {
+            "url": sa.make_url(self.url).render_as_string(hide_password=True),
+            "table": self.table_name,
+            "counters": {"consumed": self.consumed, "dropped_stale": self.dropped_stale},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore this object's counters; the rows themselves are already in the database."""
+        if state.get("table", self.table_name) != self.table_name:
+            raise ValueError(
+                f"SQLBuffer state is for table {state['table']!r} but this buffer uses "
+                f"{self.table_name!r}; pass table={state['table']!r} to resume from it."
+            )
+        counters = state.get("counters", {})
+        self.consumed = int(counters.get("consumed", 0))
+        self.dropped_stale = int(counters.get("dropped_stale", 0))
+
+    def close(self) -> None:
+        """Stop waiting ``get`` calls and release this process's connections."""
+        self._closed = True
+        self._wake()
+        if self._engine is not None and self._pid == os.getpid():
+            self._engine.dispose()
+            self._engine = self._write_engine = self._table = None
+
+    def __repr__(self) -> str:
+        return f"SQLBuffer({self.state_dict()['url']!r}, table={self.table_name!r})"
+
+
+def _configure_sqlite(engine: Any, busy_timeout: float) -> None:
+    """WAL mode and busy timeout on every connection; explicit BEGIN (IMMEDIATE for writes)."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's "begin" event emit BEGIN itself
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get('sqlite_begin', 'DEFERRED')}")

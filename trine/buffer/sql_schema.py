@@ -1,0 +1,166 @@
+"""Table layout of :class:`~trine.buffer.sql.SQLBuffer` and the Experience <-> row codec.
+
+One row per experience. Everything a query may want to filter or aggregate on is a real column;
+the per-token arrays are stored compactly as little-endian bytes (``int32`` for ``tokens`` and
+``action_mask``, ``float32`` for ``logprobs`` and ``token_rewards``; NULL where the field is None).
+
+=================  ==============  =====================================================================
+column             type            meaning
+=================  ==============  =====================================================================
+seq                integer (pk)    insertion order; ``get`` hands out the oldest (lowest seq) first
+id                 text, unique    ``Experience.id``
+task_id            text            ``Experience.task_id``
+taskset            text            ``info["taskset"]`` if present, else ""
+group_id           text            ``Experience.group_id``
+run_id             text            ``Experience.run_id``
+step               integer         ``Experience.step``
+policy_version     integer         ``Experience.policy_version``
+reward             float, null     scalar reward; NULL while pending
+reward_status      text            "pending" (reward unknown), "ready" (trainable), "dropped" (stale)
+prompt_length      integer         ``Experience.prompt_length``
+response_length    integer         ``len(tokens) - prompt_length``
+created_at         float           unix time of the ``put``
+consumed_at        float, null     unix time of the ``get`` that took it; NULL until then
+use_count          integer         how many times it was handed out (0 or 1 for ``get``)
+priority           float           ``info["priority"]`` if present, else 0.0 (for samplers)
+kind               text            "rollout", "sft" or "preference"
+lineage            JSON            ``info["lineage"]`` if present (names of the operators applied), else []
+tokens             bytes           int32 little-endian, prompt + response
+action_mask        bytes           int32 little-endian, one per response token
+logprobs           bytes, null     float32 little-endian, one per response token
+token_rewards      bytes, null     float32 little-endian
+info               JSON            ``Experience.info`` (the whole dict; the copies above are for queries)
+=================  ==============  =====================================================================
+
+A plain query works on any backend, e.g.
+``SELECT task_id, AVG(reward) FROM experiences WHERE reward_status = 'ready' GROUP BY task_id``.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from typing import Any
+
+from trine.types import Experience
+
+PENDING, READY, DROPPED = "pending", "ready", "dropped"
+
+_INT32, _FLOAT32 = "i", "f"
+assert array(_INT32).itemsize == 4 and array(_FLOAT32).itemsize == 4
+
+
+def pack(values: list[int] | list[float] | None, code: str) -> bytes | None:
+    """Little-endian bytes of ``values`` as int32 (``code="i"``) or float32 (``code="f"``)."""
+    if values is None:
+        return None
+    try:
+        arr = array(code, values)
+    except OverflowError as err:
+        raise ValueError(
+            f"value out of int32 range in {list(values)[:8]}...; token ids and masks must fit in int32."
+        ) from err
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack(blob: bytes | None, code: str) -> list[Any] | None:
+    """Inverse of :func:`pack`."""
+    if blob is None:
+        return None
+    arr = array(code)
+    arr.frombytes(bytes(blob))
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tolist()
+
+
+def build_table(metadata: Any, name: str) -> Any:
+    """The ``sqlalchemy.Table`` called ``name`` in ``metadata`` (imports SQLAlchemy)."""
+    import sqlalchemy as sa
+
+    seq_type = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY = rowid
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("seq", seq_type, primary_key=True, autoincrement=True),
+        sa.Column("id", sa.String(), nullable=False, unique=True),
+        sa.Column("task_id", sa.String(), nullable=False, default=""),
+        sa.Column("taskset", sa.String(), nullable=False, default=""),
+        sa.Column("group_id", sa.String(), nullable=False, default=""),
+        sa.Column("run_id", sa.String(), nullable=False, default=""),
+        sa.Column("step", sa.Integer(), nullable=False, default=0),
+        sa.Column("policy_version", sa.Integer(), nullable=False, default=0),
+        sa.Column("reward", sa.Float(), nullable=True),
+        sa.Column("reward_status", sa.String(16), nullable=False),
+        sa.Column("prompt_length", sa.Integer(), nullable=False),
+        sa.Column("response_length", sa.Integer(), nullable=False),
+        sa.Column("created_at", sa.Float(), nullable=False),
+        sa.Column("consumed_at", sa.Float(), nullable=True),
+        sa.Column("use_count", sa.Integer(), nullable=False, default=0),
+        sa.Column("priority", sa.Float(), nullable=False, default=0.0),
+        sa.Column("kind", sa.String(16), nullable=False, default="rollout"),
+        sa.Column("lineage", sa.JSON(), nullable=False),
+        sa.Column("tokens", sa.LargeBinary(), nullable=False),
+        sa.Column("action_mask", sa.LargeBinary(), nullable=False),
+        sa.Column("logprobs", sa.LargeBinary(), nullable=True),
+        sa.Column("token_rewards", sa.LargeBinary(), nullable=True),
+        sa.Column("info", sa.JSON(), nullable=False),
+        # get(): unconsumed rows of one status in seq order; set_rewards by (task_id, run_id).
+        sa.Index(f"ix_{name}_claim", "reward_status", "consumed_at", "seq"),
+        sa.Index(f"ix_{name}_task_run", "task_id", "run_id"),
+        sa.Index(f"ix_{name}_group", "group_id"),
+    )
+
+
+def experience_to_row(e: Experience, now: float) -> dict[str, Any]:
+    """The column values that store ``e`` (put at unix time ``now``)."""
+    info = dict(e.info)
+    priority = info.get("priority", 0.0)
+    lineage = info.get("lineage", [])
+    return {
+        "id": e.id,
+        "task_id": e.task_id,
+        "taskset": str(info.get("taskset", "")),
+        "group_id": e.group_id,
+        "run_id": e.run_id,
+        "step": int(e.step),
+        "policy_version": int(e.policy_version),
+        "reward": None if e.reward is None else float(e.reward),
+        "reward_status": PENDING if e.reward is None else READY,
+        "prompt_length": int(e.prompt_length),
+        "response_length": e.response_length,
+        "created_at": now,
+        "consumed_at": None,
+        "use_count": 0,
+        "priority": float(priority) if isinstance(priority, (int, float)) else 0.0,
+        "kind": e.kind,
+        "lineage": [str(x) for x in lineage] if isinstance(lineage, (list, tuple)) else [str(lineage)],
+        "tokens": pack(e.tokens, _INT32),
+        "action_mask": pack(e.action_mask, _INT32),
+        "logprobs": pack(e.logprobs, _FLOAT32),
+        "token_rewards": pack(e.token_rewards, _FLOAT32),
+        "info": info,
+    }
+
+
+def row_to_experience(row: Any) -> Experience:
+    """Rebuild the Experience stored in ``row`` (a SQLAlchemy Row or a mapping)."""
+    m = row._mapping if hasattr(row, "_mapping") else row
+    return Experience(
+        id=m["id"],
+        tokens=unpack(m["tokens"], _INT32) or [],
+        prompt_length=m["prompt_length"],
+        action_mask=unpack(m["action_mask"], _INT32) or [],
+        logprobs=unpack(m["logprobs"], _FLOAT32),
+        reward=m["reward"],
+        token_rewards=unpack(m["token_rewards"], _FLOAT32),
+        task_id=m["task_id"],
+        group_id=m["group_id"],
+        run_id=m["run_id"],
+        step=m["step"],
+        policy_version=m["policy_version"],
+        kind=m["kind"],
+        info=dict(m["info"] or {}),
+    )
