@@ -49,23 +49,35 @@ class Explorer:
         self, tasks: list[Task], *, batch_index: int, version: int
     ) -> tuple[list[Experience], dict[str, float]]:
         """Run one batch of tasks; returns its experiences and ``explorer/*`` metrics."""
+        return self.explore_batches([tasks], first_index=batch_index, version=version)[0]
+
+    def explore_batches(
+        self, batches: list[list[Task]], *, first_index: int, version: int
+    ) -> list[tuple[list[Experience], dict[str, float]]]:
+        """Run several batches that use the same weights *concurrently* (one long tail instead of
+        one per batch); returns (experiences, metrics) per batch. The wall time is shared equally
+        among the batches in ``time/explore_seconds``."""
         start = time.perf_counter()
-        outcomes = self.loop.run_until_complete(self._run_all(tasks))
-        experiences: list[Experience] = []
-        for task, (exps, _, _) in zip(tasks, outcomes):
-            group = f"{task.task_id}@{batch_index}"
-            for e in exps:
-                e.task_id = e.task_id or task.task_id
-                e.group_id = e.group_id or group
-                e.run_id = e.run_id or new_id("run-")
-                e.policy_version = version
-                e.info.setdefault("batch", batch_index)
-        for exps, _, _ in outcomes:
-            experiences.extend(exps)
-        metrics = self._metrics(experiences, outcomes, time.perf_counter() - start)
-        if self.rollouts_path is not None:
-            self._dump(tasks, outcomes, batch_index, version)
-        return experiences, metrics
+        flat = [task for tasks in batches for task in tasks]
+        outcomes = self.loop.run_until_complete(self._run_all(flat))
+        seconds = (time.perf_counter() - start) / max(1, len(batches))
+        results, offset = [], 0
+        for j, tasks in enumerate(batches):
+            index, mine = first_index + j, outcomes[offset : offset + len(tasks)]
+            offset += len(tasks)
+            experiences: list[Experience] = []
+            for task, (exps, _, _) in zip(tasks, mine):
+                for e in exps:
+                    e.task_id = e.task_id or task.task_id
+                    e.group_id = e.group_id or f"{task.task_id}@{index}"
+                    e.run_id = e.run_id or new_id("run-")
+                    e.policy_version = version
+                    e.info.setdefault("batch", index)
+                experiences.extend(exps)
+            if self.rollouts_path is not None:
+                self._dump(tasks, mine, index, version)
+            results.append((experiences, self._metrics(experiences, mine, seconds)))
+        return results
 
     def evaluate(
         self, tasks: list[Task], *, name: str, k: int, greedy: bool, seed: int, success_threshold: float = 1.0

@@ -72,14 +72,13 @@ def _run_stage(st: build.Stage, index: int, rd: RunDir) -> None:
 
 
 def _sync_steps(st: build.Stage):
-    """Colocated: explore ``sync_interval`` batches with the current weights, then train on each."""
+    """Colocated: explore ``sync_interval`` batches with the current weights (concurrently, one
+    long tail), then train on each in turn."""
     while st.step < st.total_steps:
         if not st.pending:
             version = st.trainer.version
             st.sync.pull(st.engine, version)
-            for j in range(min(st.cfg.sync.sync_interval, st.total_steps - st.step)):
-                if not _explore_batch(st, st.step + j, version):
-                    break
+            _explore_batches(st, st.step, min(st.cfg.sync.sync_interval, st.total_steps - st.step), version)
         if not st.pending:
             return
         yield _train_on(st)
@@ -98,7 +97,7 @@ def _offset_steps(st: build.Stage):
                 version = max(0, k * ((b - m) // k))
                 st.sync.pull(st.engine, version)
                 with st.gate:
-                    if stop.is_set() or not _explore_batch(st, b, version):
+                    if stop.is_set() or not _explore_batches(st, b, 1, version):
                         break
                 ready.put(b)
                 b += 1
@@ -138,15 +137,20 @@ def _train_steps(st: build.Stage, tokenizer: Any):
         yield st.trainer.step(build.sft_experiences(tasks, tokenizer, st.cfg.tasks.train.response_key))
 
 
-def _explore_batch(st: build.Stage, batch_index: int, version: int) -> bool:
-    """tasks → explorer → buffer for one batch; False when the tasks are exhausted."""
-    tasks = st.scheduler.next_batch(st.cfg.tasks.batch_size)
-    if not tasks:
-        return False
-    experiences, metrics = st.explorer.explore(tasks, batch_index=batch_index, version=version)
-    st.buffer.put(experiences)
-    st.pending.append((batch_index, len(experiences), metrics))
-    return True
+def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> bool:
+    """tasks → explorer → buffer for ``count`` batches of one version; False when tasks run out."""
+    batches = []
+    for _ in range(count):
+        tasks = st.scheduler.next_batch(st.cfg.tasks.batch_size)
+        if not tasks:
+            break
+        batches.append(tasks)
+    for j, (experiences, metrics) in enumerate(
+        st.explorer.explore_batches(batches, first_index=first, version=version)
+    ):
+        st.buffer.put(experiences)
+        st.pending.append((first + j, len(experiences), metrics))
+    return len(batches) == count
 
 
 def _train_on(st: build.Stage) -> dict[str, float]:

@@ -91,7 +91,9 @@ def test_opmd_mean_and_logmeanexp_baselines():
     b = 0.5 * math.log((math.exp(0) + math.exp(2)) / 2)  # = 0.5 * log(4.19453) = 0.71689
     assert lme_half.tolist() == pytest.approx([-b, 1 - b, 0.0], abs=1e-6)
     # large rewards / small tau must not overflow (max-shifted logsumexp)
-    big, _ = opmd_advantages(torch.tensor([1000.0, 1000.0]), torch.tensor([0, 0]), baseline="logmeanexp", tau=0.01)
+    big, _ = opmd_advantages(
+        torch.tensor([1000.0, 1000.0]), torch.tensor([0, 0]), baseline="logmeanexp", tau=0.01
+    )
     assert big.tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
     with pytest.raises(ValueError, match="logmeanexp"):
         opmd_advantages(rewards, groups, baseline="max")
@@ -108,7 +110,9 @@ def test_asymre_shifted_baseline():
 
 def test_reinforce_pp_returns_and_whitening_hand_computed():
     mask = torch.tensor([[0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 1.0]])  # row 1 has an observation token
-    adv, stats = reinforce_pp_advantages(torch.tensor([1.0, 2.0]), torch.tensor([0, 1]), action_mask=mask, gamma=0.5)
+    adv, stats = reinforce_pp_advantages(
+        torch.tensor([1.0, 2.0]), torch.tensor([0, 1]), action_mask=mask, gamma=0.5
+    )
     # outcome on the last action token; return-to-go with γ=0.5 over action tokens only:
     # row 0: [-, 0.25, 0.5, 1];  row 1: [0.5, 1, (obs), 2]
     returns = [0.25, 0.5, 1.0, 0.5, 1.0, 2.0]
@@ -162,7 +166,9 @@ def test_gae_hand_computed_with_an_observation_token():
 def test_gae_with_gamma_lambda_one_is_monte_carlo_minus_value():
     mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
     values = torch.tensor([[0.0, 0.2, 0.4, 0.6]])
-    adv, _ = gae_advantages(torch.tensor([1.0]), torch.tensor([0]), action_mask=mask, values=values, whiten=False)
+    adv, _ = gae_advantages(
+        torch.tensor([1.0]), torch.tensor([0]), action_mask=mask, values=values, whiten=False
+    )
     # outcome 1 on the last token; A_t = G_t - V_t = 1 - V_t
     assert adv.tolist()[0] == pytest.approx([0.0, 0.8, 0.6, 0.4], abs=1e-6)
     with pytest.raises(ValueError, match="values"):
@@ -188,6 +194,14 @@ def test_step_wise_grpo_uses_each_runs_last_step_reward():
     assert stats["runs"] == 4.0
     with pytest.raises(ValueError, match="run_ids"):
         step_wise_grpo_advantages(rew.float(), g)
+    dup = s.clone()
+    dup[0] = 0  # run 1 of group 0 now has step 0 twice
+    with pytest.raises(ValueError, match="unique per run"):
+        gigpo_advantages(rew.float(), g, run_ids=r, step_ids=dup, state_ids=s)
+    dup = s.clone()
+    dup[5] = 1  # run 1 of group 0 now has its last step (1) twice: which reward is the run's?
+    with pytest.raises(ValueError, match="run_id 1 of group 0"):
+        step_wise_grpo_advantages(rew.float(), g, run_ids=r, step_ids=dup)
 
 
 def _gigpo_rows():
@@ -208,7 +222,9 @@ def test_gigpo_hand_built_trajectories_with_repeated_states():
     rows = _gigpo_rows()
     perm = [7, 2, 9, 0, 5, 3, 8, 1, 6, 4]  # order must not matter
     g, r, s, st, rew = (torch.tensor([row[k] for row in (rows[i] for i in perm)]) for k in range(5))
-    adv, stats = gigpo_advantages(rew.float(), g, run_ids=r, step_ids=s, state_ids=st, omega=0.5, gamma=0.5, norm="none")
+    adv, stats = gigpo_advantages(
+        rew.float(), g, run_ids=r, step_ids=s, state_ids=st, omega=0.5, gamma=0.5, norm="none"
+    )
     # episode level (norm none): group 0 returns [1, 0, 1], mean 2/3 -> A^E = [1/3, -2/3, 1/3]
     #                            group 1 returns [1, 0] -> [0.5, -0.5]
     # discounted step returns (γ=0.5): A: [0.25, 0.5, 1]  B: [0, 0, 0]  C: [0.5, 1]

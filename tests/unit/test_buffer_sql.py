@@ -241,6 +241,8 @@ def test_errors_name_the_bad_value(tmp_path):
         SQLBuffer("sqlite://").put([exp(0)])
     with pytest.raises(ValueError, match="identifier"):
         SQLBuffer(tmp_path / "x.db", table="bad name; drop")
+    with pytest.raises(ConnectionError, match="could not open 'postgresql.*u:\\*\\*\\*@127.0.0.1:9/db'"):
+        SQLBuffer("postgresql+psycopg://u:secret@127.0.0.1:9/db").put([exp(0)])
     buf = SQLBuffer(tmp_path / "x.db")
     e = exp(0)
     buf.put([e])

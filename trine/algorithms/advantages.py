@@ -106,9 +106,7 @@ def grpo_advantages(
     return adv, stats
 
 
-def dr_grpo_advantages(
-    rewards: Tensor, group_ids: Tensor, **_: object
-) -> tuple[Tensor, dict[str, float]]:
+def dr_grpo_advantages(rewards: Tensor, group_ids: Tensor, **_: object) -> tuple[Tensor, dict[str, float]]:
     """Dr. GRPO advantages: ``A_i = r_i - mean(r_group)`` (no std division).
 
     Removes GRPO's question-level difficulty bias; pair it with the length-unbiased

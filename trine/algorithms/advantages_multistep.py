@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trine.algorithms.advantages import advantage_stats, grpo_advantages, group_stats
+from trine.algorithms.advantages import advantage_stats, group_stats, grpo_advantages
 
 GIGPO_NORMS = ("std", "none")
 
@@ -70,22 +70,35 @@ def step_wise_grpo_advantages(
     steps = step_ids.to(torch.long).cpu()
     last = torch.full((len(run_group),), -(2**62), dtype=torch.long).scatter_reduce(0, run, steps, "amax")
     is_last = steps == last[run]
-    per_run = torch.zeros(len(run_group), dtype=torch.long).index_add_(0, run[is_last], torch.ones_like(run[is_last]))
+    per_run = torch.zeros(len(run_group), dtype=torch.long).index_add_(
+        0, run[is_last], torch.ones_like(run[is_last])
+    )
     if bool((per_run != 1).any()):
-        bad = int(torch.nonzero(per_run != 1)[0])
-        raise ValueError(f"run {bad} has {int(per_run[bad])} steps with its last step_id; step ids must be unique per run")
+        row = int(torch.nonzero(per_run[run] != 1)[0])
+        raise ValueError(
+            f"run_id {int(run_ids[row])} of group {int(group_ids[row])} has several steps with its last "
+            "step_id; step ids must be unique per run"
+        )
     run_reward = torch.zeros(len(run_group), dtype=torch.float64).index_add_(
         0, run[is_last], rewards.to(torch.float64).cpu()[is_last]
     )
     adv_run, stats = grpo_advantages(run_reward, run_group, std_normalize=std_normalize, eps=eps)
     adv = adv_run[run].to(rewards.device)
-    stats = {**advantage_stats(adv), "zero_std_fraction": stats["zero_std_fraction"], "runs": float(len(run_group))}
+    stats = {
+        **advantage_stats(adv),
+        "zero_std_fraction": stats["zero_std_fraction"],
+        "runs": float(len(run_group)),
+    }
     return adv, stats
 
 
 def discounted_step_returns(rewards: Tensor, run: Tensor, step_ids: Tensor, gamma: float) -> Tensor:
     """``R_t = Σ_{k in run, s_k ≥ s_t} γ^(s_k - s_t) r_k`` for each step (float64, ``[B]``)."""
-    r, runs, steps = rewards.to(torch.float64).cpu().tolist(), run.tolist(), step_ids.to(torch.long).cpu().tolist()
+    r, runs, steps = (
+        rewards.to(torch.float64).cpu().tolist(),
+        run.tolist(),
+        step_ids.to(torch.long).cpu().tolist(),
+    )
     order = sorted(range(len(r)), key=lambda i: (runs[i], steps[i]))
     out = [0.0] * len(r)
     running, prev_run, prev_step = 0.0, None, None

@@ -3,8 +3,8 @@
 These return advantages of shape ``[B, T]`` aligned with ``action_mask`` (0 outside action tokens).
 Rows are responses (right-aligned, left padding); tokens with ``action_mask`` 0 inside a row are
 observations/tool output: they are skipped by the discounting (``γ`` and ``λ`` count action tokens
-only) and get advantage 0. A reward sitting on a non-action token flows, undiscounted, to the
-preceding action tokens.
+only) and get advantage 0. A reward sitting on a non-action token is credited, undiscounted, to
+the action token before it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def outcome_token_rewards(rewards: Tensor, action_mask: Tensor) -> Tensor:
     last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=-1).values
     out = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
     rows = torch.nonzero(last >= 0).squeeze(-1)
-    out[rows, last[rows]] = rewards.to(torch.float64)[rows]
+    out[rows, last[rows]] = rewards.to(device=mask.device, dtype=torch.float64)[rows]
     return out
 
 
@@ -74,7 +74,9 @@ def _token_rewards(rewards: Tensor, action_mask: Tensor, token_rewards: Tensor |
 
 def _need_mask(name: str, action_mask: Tensor | None) -> Tensor:
     if action_mask is None:
-        raise ValueError(f"{name} is token-level and needs action_mask ([B, T]); pass it to the advantage fn.")
+        raise ValueError(
+            f"{name} is token-level and needs action_mask ([B, T]); pass it to the advantage fn."
+        )
     return action_mask
 
 

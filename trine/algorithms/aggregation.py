@@ -52,7 +52,9 @@ def split_normalizer(
     kind of row alone (1.0 when a kind is absent).
     """
     if len(masks) != len(is_expert):
-        raise ValueError(f"got {len(masks)} masks but {len(is_expert)} is_expert flags; give one per micro-batch")
+        raise ValueError(
+            f"got {len(masks)} masks but {len(is_expert)} is_expert flags; give one per micro-batch"
+        )
     flags = [e.to(torch.bool).to(m.device) for m, e in zip(masks, is_expert)]
     policy = [m[~e] for m, e in zip(masks, flags)]
     expert = [m[e] for m, e in zip(masks, flags)]

@@ -71,7 +71,9 @@ def check_args(fn: Callable[..., Any], args: Mapping[str, Any], known: tuple[str
     settable = sorted(name for name in params if name not in known)
     for key in args:
         if key in known:
-            raise ValueError(f"{what}[{key!r}] is a batch input the trainer passes, not a setting; remove it.")
+            raise ValueError(
+                f"{what}[{key!r}] is a batch input the trainer passes, not a setting; remove it."
+            )
         if key not in params:
             raise ValueError(
                 f"{what}[{key!r}] is not an argument of {getattr(fn, '__name__', fn)}; valid: {settable}"

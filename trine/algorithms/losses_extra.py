@@ -68,7 +68,9 @@ def mix_loss(
         dual_clip_c=dual_clip_c,
     )
     rl = aggregate(rl_t, rl_mask, agg_mode, normalizer)
-    sft = aggregate(-logprobs, sft_mask, agg_mode, normalizer if expert_normalizer is None else expert_normalizer)
+    sft = aggregate(
+        -logprobs, sft_mask, agg_mode, normalizer if expert_normalizer is None else expert_normalizer
+    )
     loss = (1.0 - mu) * rl + mu * sft
     stats = ratio_stats(parts["ratio"], parts["log_ratio"], rl_mask)
     with torch.no_grad():

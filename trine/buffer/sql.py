@@ -33,6 +33,10 @@ _INHERITED_ENGINES: list[Any] = []
 _RETRY_MESSAGES = ("database is locked", "database is busy", "deadlock detected", "could not serialize")
 
 
+class _LostClaim(Exception):
+    """Another reader marked a row first: roll the claim back and try again."""
+
+
 def _is_retryable(err: BaseException) -> bool:
     text = str(err).lower()
     return any(m in text for m in _RETRY_MESSAGES)
@@ -141,7 +145,14 @@ class SQLBuffer:
             engine = sa.create_engine(url, pool_pre_ping=True)
             write_engine = engine
         table = build_table(sa.MetaData(), self.table_name)
-        self._retry(lambda: table.metadata.create_all(write_engine), what="create the table")
+        try:
+            self._retry(lambda: table.metadata.create_all(write_engine), what="create the table")
+        except sa.exc.OperationalError as err:
+            engine.dispose()
+            raise ConnectionError(
+                f"SQLBuffer could not open {url.render_as_string(hide_password=True)!r}: {err.orig}; "
+                "start the database server (scripts/postgres.sh for a local one) or fix the url."
+            ) from err
         self._engine, self._write_engine, self._table = engine, write_engine, table
 
     def _retry(self, fn: Any, *, what: str, attempts: int = 20) -> Any:
@@ -233,7 +244,8 @@ class SQLBuffer:
             if fresh >= n or stale:
                 got = self._retry(lambda: self._claim(n, min_version), what="get")
                 if got is not None:
-                    self.consumed += n
+                    with self._lock:
+                        self.consumed += n
                     return got
             if self._closed:
                 raise BufferTimeout(f"buffer closed with {fresh} of {n} requested experiences ready")
@@ -273,24 +285,28 @@ class SQLBuffer:
 
         _, write = self._engines()
         t = self._table
-        with write.begin() as conn:
-            if min_version is not None:
-                stale = sa.select(t.c.seq).where(self._claimable(), t.c.policy_version < min_version)
-                stale = stale.with_for_update(skip_locked=True)
-                stmt = sa.update(t).where(t.c.seq.in_(stale.scalar_subquery()))
-                self.dropped_stale += conn.execute(stmt.values(reward_status=DROPPED)).rowcount
-            query = sa.select(t).where(self._claimable()).order_by(t.c.seq).limit(n)
-            if min_version is not None:
-                query = query.where(t.c.policy_version >= min_version)
-            rows = conn.execute(query.with_for_update(skip_locked=True)).all()
-            if len(rows) < n:
-                return None
-            mark = sa.update(t).where(t.c.seq.in_([r.seq for r in rows]), t.c.consumed_at.is_(None))
-            marked = conn.execute(mark.values(consumed_at=time.time(), use_count=t.c.use_count + 1))
-            if marked.rowcount != n:  # cannot happen with the locks above; never hand out twice
-                conn.rollback()
-                return None
-        return [row_to_experience(r) for r in rows]
+        dropped, rows = 0, []
+        try:
+            with write.begin() as conn:
+                if min_version is not None:
+                    stale = sa.select(t.c.seq).where(self._claimable(), t.c.policy_version < min_version)
+                    stale = stale.with_for_update(skip_locked=True)
+                    stmt = sa.update(t).where(t.c.seq.in_(stale.scalar_subquery()))
+                    dropped = conn.execute(stmt.values(reward_status=DROPPED)).rowcount
+                query = sa.select(t).where(self._claimable()).order_by(t.c.seq).limit(n)
+                if min_version is not None:
+                    query = query.where(t.c.policy_version >= min_version)
+                rows = conn.execute(query.with_for_update(skip_locked=True)).all()
+                if len(rows) == n:
+                    mark = sa.update(t).where(t.c.seq.in_([r.seq for r in rows]), t.c.consumed_at.is_(None))
+                    marked = conn.execute(mark.values(consumed_at=time.time(), use_count=t.c.use_count + 1))
+                    if marked.rowcount != n:  # cannot happen under the locks above; never hand out twice
+                        raise _LostClaim
+        except _LostClaim:
+            return None
+        with self._lock:  # committed
+            self.dropped_stale += dropped
+        return [row_to_experience(r) for r in rows] if len(rows) == n else None
 
     def _wake(self) -> None:
         with self._cond:

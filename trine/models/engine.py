@@ -222,7 +222,9 @@ class _RowParams:
         self.any_filter = any(p.top_k > 0 or p.top_p < 1 for p in params)
         stops = [([] if p.ignore_eos else list(eos_ids)) + list(p.stop_token_ids) for p in params]
         width = max(1, max(len(s) for s in stops))
-        self.stop_ids = torch.tensor([s + [-1] * (width - len(s)) for s in stops], dtype=torch.long, device=device)
+        self.stop_ids = torch.tensor(
+            [s + [-1] * (width - len(s)) for s in stops], dtype=torch.long, device=device
+        )
         self.stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
         self._generators: dict[int, torch.Generator] = {}
         counts: dict[int, int] = {}

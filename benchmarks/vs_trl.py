@@ -1,0 +1,173 @@
+"""Trine vs TRL GRPO on the same tiny model, prompts and settings (CPU, 2 threads).
+
+Both sides: the tiny-5m model (first warmed up with a short Trine SFT so rewards are not all zero),
+the same tokenizer and chat template, single-digit addition prompts, 4 prompts x 8 samples per step,
+max 32 new tokens, temperature 1, top-k off, no KL, one optimizer step per batch, token-mean loss
+(TRL's ``loss_type="dapo"``), the same learning rate, constant schedule.
+
+1. Step time: blocks of steps alternate TRL, Trine, TRL, Trine ... (the first step of each block is
+   a warm-up); medians per step, from the SFT'd model (short answers) and from the random model
+   (responses run to the 32-token limit). Target: Trine <= 0.5x TRL.
+2. Accuracy per wall-clock: each side trains for the same wall-clock budget; both final models are
+   evaluated by the same code (avg@8 at temperature 1 and greedy accuracy on all 100 sums).
+   Target: Trine at least as accurate.
+
+Needs the ``bench`` extra (``pip install -e ".[bench]"``). Usage:
+python benchmarks/vs_trl.py [--budget 60] [--rounds 3] [--block 5] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import CACHE, ROOT, markdown_table, median, report, threads, tiny_model
+
+from trine.config import validate_dict
+from trine.loop import run as trine_run
+
+DATA = ROOT / "examples" / "arithmetic" / "data"
+LR = 5e-4
+
+
+def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync") -> dict:
+    cfg = {
+        "name": "bench", "run_dir": str(run_dir), "seed": 0, "num_threads": 2, "resume": False,
+        "model": {"path": str(model)},
+        "tasks": {"batch_size": 4 if mode == "sync" else 16, "total_steps": steps,
+                  "train": {"path": str(DATA / "train.jsonl"), "repeat": 8, "reward": "exact_match",
+                            "sampling": {"temperature": 1.0, "top_k": 0, "max_tokens": 32}}},
+        "algorithm": {"name": "grpo" if mode == "sync" else "sft"},
+        "trainer": {"lr": LR if mode == "sync" else 3e-3, "grad_clip": 1.0, "save_every": 0, "keep_checkpoints": 1},
+        "eval": {"at_start": False},
+        "monitor": {"sinks": ["jsonl"], "plot": False},
+        "mode": mode,
+    }
+    return cfg
+
+
+def run_trine(model: Path, steps: int) -> tuple[list[float], Path]:
+    """GRPO for ``steps``; returns per-step seconds and the final checkpoint directory."""
+    run_dir = Path(tempfile.mkdtemp(prefix="trine-bench-"))
+    stages, errors = validate_dict(trine_config(model, run_dir, steps))
+    assert not errors, errors
+    trine_run(stages)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    ckpt = sorted((run_dir / "checkpoints").iterdir())[-1]
+    return [r["time/step_seconds"] for r in rows if "time/step_seconds" in r], ckpt
+
+
+def run_trl(model: Path, steps: int, budget: float | None = None) -> tuple[list[float], Path]:
+    """TRL GRPOTrainer for ``steps`` (or until ``budget`` seconds); per-step seconds and saved model."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = [json.loads(line) for line in (DATA / "train.jsonl").read_text().splitlines()]
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
+                              for r in rows])
+
+    def reward(completions, answer, **_):
+        return [float(c[0]["content"].strip() == a) for c, a in zip(completions, answer)]
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.start = self.tick = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            now = time.perf_counter()
+            self.times.append(now - self.tick)
+            self.tick = now
+            if budget is not None and now - self.start >= budget:
+                control.should_training_stop = True
+
+    out = Path(tempfile.mkdtemp(prefix="trl-bench-"))
+    args = GRPOConfig(
+        output_dir=str(out), use_cpu=True, per_device_train_batch_size=32, num_generations=8,
+        max_completion_length=32, learning_rate=LR, lr_scheduler_type="constant",
+        temperature=1.0, top_k=0, top_p=1.0, beta=0.0, num_iterations=1, loss_type="dapo",
+        max_steps=steps, logging_steps=1, save_strategy="no", report_to="none", seed=0,
+        max_grad_norm=1.0, disable_dropout=True, bf16=False, dataloader_num_workers=0,
+    )
+    clock = Clock()
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=reward, args=args,
+                          train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model),
+                          callbacks=[clock])
+    clock.start = clock.tick = time.perf_counter()
+    trainer.train()
+    trainer.save_model(str(out / "final"))
+    trainer.processing_class.save_pretrained(str(out / "final"))
+    return clock.times, out / "final"
+
+
+def evaluate(model_dir: Path) -> dict[str, float]:
+    from trine.explorer import Explorer
+    from trine.models import load_model, load_tokenizer
+    from trine.models.engine import HFEngine
+    from trine.tasks import TaskSet
+
+    engine = HFEngine(load_model(model_dir), load_tokenizer(model_dir), seed=0)
+    tasks = list(TaskSet(str(DATA / "eval.jsonl"), name="eval", sampling={"temperature": 1.0, "max_tokens": 32}))
+    return Explorer(engine).evaluate(tasks, name="eval", k=8, greedy=True, seed=1)
+
+
+def sft_start(base: Path) -> Path:
+    """A shared starting point: tiny-5m after a short Trine SFT on the addition rows."""
+    path = CACHE / "tiny-5m-sft"
+    if not (path / "config.json").exists():
+        run_dir = Path(tempfile.mkdtemp(prefix="trine-sft-"))
+        stages, errors = validate_dict(trine_config(base, run_dir, 60, mode="train"))
+        assert not errors, errors
+        trine_run(stages)
+        shutil.copytree(sorted((run_dir / "checkpoints").iterdir())[-1], path, dirs_exist_ok=True)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--budget", type=float, default=60.0, help="wall-clock seconds of GRPO per side")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--block", type=int, default=5, help="steps per timing block")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    threads(2)
+    base = tiny_model("tiny-5m")
+    start = sft_start(base)
+    rows = []
+    medians = {}
+    for label, model in (("after SFT (short answers)", start), ("random init (32-token responses)", base)):
+        times: dict[str, list[float]] = {"trl": [], "trine": []}
+        for _ in range(args.rounds):
+            times["trl"] += run_trl(model, args.block)[0][1:]
+            times["trine"] += run_trine(model, args.block)[0][1:]
+        trl, trine = median(times["trl"]), median(times["trine"])
+        medians[label] = (trl, trine)
+        rows.append([f"s/step, {label}", f"{trl:.3f}", f"{trine:.3f}", f"{trine / trl:.2f}x", "≤ 0.5x"])
+
+    trl_s, trine_s = medians["after SFT (short answers)"]
+    trine_steps = max(1, int(args.budget / trine_s))
+    trl_times, trl_final = run_trl(start, 10_000, budget=args.budget)
+    trine_times, trine_final = run_trine(start, trine_steps)
+    before = evaluate(start)
+    after_trl, after_trine = evaluate(trl_final), evaluate(trine_final)
+    for key, name in (("eval/eval/avg@8", "avg@8 (T=1)"), ("eval/eval/accuracy", "greedy accuracy")):
+        rows.append([f"{name} after {args.budget:.0f} s of GRPO (start {100 * before[key]:.1f}%)",
+                     f"{100 * after_trl[key]:.1f}%", f"{100 * after_trine[key]:.1f}%",
+                     f"{after_trine[key] - after_trl[key]:+.3f}", "≥ +0"])
+    rows.append(["GRPO steps in the budget", len(trl_times), len(trine_times), f"{len(trine_times) / max(1, len(trl_times)):.1f}x", "-"])
+    table = markdown_table(["measure", "TRL", "Trine", "ratio / diff", "target"], rows)
+    report("Trine vs TRL GRPO (tiny-5m, CPU, 2 threads)", table,
+           f"4 prompts x 8 samples, max 32 new tokens, lr {LR}, no KL, TRL loss_type=dapo; medians of "
+           f"{args.rounds} alternating blocks of {args.block} steps (first step of each block dropped).",
+           write=not args.no_write)
+    torch.set_num_threads(2)
+
+
+if __name__ == "__main__":
+    main()
