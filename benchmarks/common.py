@@ -62,9 +62,11 @@ def median(values: list[float]) -> float:
 
 
 def machine() -> str:
-    return (f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads), Python {sys.version.split()[0]}, "
-            f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU only'}")
+    return (
+        f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), Python {sys.version.split()[0]}, "
+        f"{'CUDA ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU only'}"
+    )
 
 
 def markdown_table(headers: list[str], rows: list[list[object]]) -> str:

@@ -32,10 +32,18 @@ def raw_generate(model, tokenizer, batch: list[list[int]], max_tokens: int) -> N
     ids = torch.full((len(batch), width), tokenizer.pad_token_id)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(batch):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_tokens,
-                              min_new_tokens=max_tokens, eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
+        eos_token_id=None,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     assert out.shape[1] - width == max_tokens
@@ -58,28 +66,48 @@ def main() -> None:
     rows = []
     for batch_size in (8, 32, 64):
         batch = prompts(tokenizer, engine, batch_size)
-        times = alternate({
-            "raw": lambda: timed(lambda: raw_generate(model, tokenizer, batch, T)),
-            "trine": lambda: timed(lambda: engine.generate_batch([(p, params) for p in batch])),
-        }, rounds=args.rounds)
+        times = alternate(
+            {
+                "raw": lambda: timed(lambda: raw_generate(model, tokenizer, batch, T)),
+                "trine": lambda: timed(lambda: engine.generate_batch([(p, params) for p in batch])),
+            },
+            rounds=args.rounds,
+        )
         raw, trine = (batch_size * T / median(times[k]) for k in ("raw", "trine"))
-        rows.append([f"batch {batch_size} x {T} tokens", f"{raw:.0f}", f"{trine:.0f}", f"{trine / raw:.2f}x", "≥ 0.95x"])
+        rows.append(
+            [
+                f"batch {batch_size} x {T} tokens",
+                f"{raw:.0f}",
+                f"{trine:.0f}",
+                f"{trine / raw:.2f}x",
+                "≥ 0.95x",
+            ]
+        )
 
     batch = prompts(tokenizer, engine, 64)
 
     async def concurrent() -> None:
         await asyncio.gather(*(engine.generate(p, params) for p in batch))
 
-    times = alternate({
-        "batched": lambda: timed(lambda: engine.generate_batch([(p, params) for p in batch])),
-        "concurrent": lambda: timed(lambda: asyncio.run(concurrent())),
-    }, rounds=args.rounds)
+    times = alternate(
+        {
+            "batched": lambda: timed(lambda: engine.generate_batch([(p, params) for p in batch])),
+            "concurrent": lambda: timed(lambda: asyncio.run(concurrent())),
+        },
+        rounds=args.rounds,
+    )
     one, many = (64 * T / median(times[k]) for k in ("batched", "concurrent"))
-    rows.append(["64 workflows x 1 vs 1 request x 64", f"{one:.0f}", f"{many:.0f}", f"{many / one:.2f}x", "≥ 0.8x"])
+    rows.append(
+        ["64 workflows x 1 vs 1 request x 64", f"{one:.0f}", f"{many:.0f}", f"{many / one:.2f}x", "≥ 0.8x"]
+    )
     table = markdown_table(["workload", "reference tok/s", "trine tok/s", "ratio", "target"], rows)
-    report(f"Engine overhead ({args.preset}, CPU)", table,
-           "Reference: raw `model.generate(do_sample=True, top_k=0)` for rows 1-3; one batched request for row 4. "
-           "Medians of alternating rounds.", write=not args.no_write)
+    report(
+        f"Engine overhead ({args.preset}, CPU)",
+        table,
+        "Reference: raw `model.generate(do_sample=True, top_k=0)` for rows 1-3; one batched request for row 4. "
+        "Medians of alternating rounds.",
+        write=not args.no_write,
+    )
 
 
 if __name__ == "__main__":

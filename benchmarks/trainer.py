@@ -32,8 +32,17 @@ def make_batch(n: int, seed: int, vocab: int) -> list[Experience]:
         total = rng.randint(16, 256)
         tokens = [rng.randrange(3, vocab) for _ in range(total)]
         r = total - 8
-        out.append(Experience(tokens=tokens, prompt_length=8, action_mask=[1] * r, logprobs=[-1.0] * r,
-                              reward=float(i % 2), group_id=str(i // 8), info={"temperature": 1.0}))
+        out.append(
+            Experience(
+                tokens=tokens,
+                prompt_length=8,
+                action_mask=[1] * r,
+                logprobs=[-1.0] * r,
+                reward=float(i % 2),
+                group_id=str(i // 8),
+                info={"temperature": 1.0},
+            )
+        )
     return out
 
 
@@ -52,8 +61,15 @@ def raw_step(model, optimizer, batches: list[list[Experience]]) -> int:
             labels[i, e.prompt_length : len(e.tokens)] = torch.tensor(e.response_tokens)
             real += len(e.tokens)
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                                 ignore_index=-100, reduction="sum") / total_resp
+        loss = (
+            torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+                reduction="sum",
+            )
+            / total_resp
+        )
         loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
@@ -91,11 +107,14 @@ def main() -> None:
         waste["trine"] = m["trainer/padding_fraction"]
         return real_tokens / m["time/train_seconds"]
 
-    times = alternate({
-        "trine": trine_side,
-        "raw": lambda: real_tokens / timed(lambda: raw_step(raw_model, raw_opt, same)),
-        "naive": lambda: real_tokens / timed(lambda: raw_step(naive_model, naive_opt, naive)),
-    }, rounds=args.rounds)
+    times = alternate(
+        {
+            "trine": trine_side,
+            "raw": lambda: real_tokens / timed(lambda: raw_step(raw_model, raw_opt, same)),
+            "naive": lambda: real_tokens / timed(lambda: raw_step(naive_model, naive_opt, naive)),
+        },
+        rounds=args.rounds,
+    )
     trine, raw, nai = (median(times[k]) for k in ("trine", "raw", "naive"))
 
     def pad_fraction(batches) -> float:
@@ -109,9 +128,13 @@ def main() -> None:
         ["padding waste: naive", "-", f"{100 * pad_fraction(naive):.1f}%", "-", "-"],
     ]
     table = markdown_table(["comparison", "reference real tok/s", "trine", "ratio", "target"], rows)
-    report(f"Trainer overhead ({args.preset}, {args.batch} sequences of 16-256 tokens, budget {args.budget}, CPU)",
-           table, f"{len(plan)} micro-batches; Trine's step is a GRPO/PPO-clip step with the entropy metric on. "
-           "Medians of alternating rounds.", write=not args.no_write)
+    report(
+        f"Trainer overhead ({args.preset}, {args.batch} sequences of 16-256 tokens, budget {args.budget}, CPU)",
+        table,
+        f"{len(plan)} micro-batches; Trine's step is a GRPO/PPO-clip step with the entropy metric on. "
+        "Medians of alternating rounds.",
+        write=not args.no_write,
+    )
 
 
 if __name__ == "__main__":

@@ -37,13 +37,29 @@ LR = 5e-4
 
 def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync") -> dict:
     cfg = {
-        "name": "bench", "run_dir": str(run_dir), "seed": 0, "num_threads": 2, "resume": False,
+        "name": "bench",
+        "run_dir": str(run_dir),
+        "seed": 0,
+        "num_threads": 2,
+        "resume": False,
         "model": {"path": str(model)},
-        "tasks": {"batch_size": 4 if mode == "sync" else 16, "total_steps": steps,
-                  "train": {"path": str(DATA / "train.jsonl"), "repeat": 8, "reward": "exact_match",
-                            "sampling": {"temperature": 1.0, "top_k": 0, "max_tokens": 32}}},
+        "tasks": {
+            "batch_size": 4 if mode == "sync" else 16,
+            "total_steps": steps,
+            "train": {
+                "path": str(DATA / "train.jsonl"),
+                "repeat": 8,
+                "reward": "exact_match",
+                "sampling": {"temperature": 1.0, "top_k": 0, "max_tokens": 32},
+            },
+        },
         "algorithm": {"name": "grpo" if mode == "sync" else "sft"},
-        "trainer": {"lr": LR if mode == "sync" else 3e-3, "grad_clip": 1.0, "save_every": 0, "keep_checkpoints": 1},
+        "trainer": {
+            "lr": LR if mode == "sync" else 3e-3,
+            "grad_clip": 1.0,
+            "save_every": 0,
+            "keep_checkpoints": 1,
+        },
         "eval": {"at_start": False},
         "monitor": {"sinks": ["jsonl"], "plot": False},
         "mode": mode,
@@ -69,8 +85,9 @@ def run_trl(model: Path, steps: int, budget: float | None = None) -> tuple[list[
     from trl import GRPOConfig, GRPOTrainer
 
     rows = [json.loads(line) for line in (DATA / "train.jsonl").read_text().splitlines()]
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]}
-                              for r in rows])
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows]
+    )
 
     def reward(completions, answer, **_):
         return [float(c[0]["content"].strip() == a) for c, a in zip(completions, answer)]
@@ -89,16 +106,38 @@ def run_trl(model: Path, steps: int, budget: float | None = None) -> tuple[list[
 
     out = Path(tempfile.mkdtemp(prefix="trl-bench-"))
     args = GRPOConfig(
-        output_dir=str(out), use_cpu=True, per_device_train_batch_size=32, num_generations=8,
-        max_completion_length=32, learning_rate=LR, lr_scheduler_type="constant",
-        temperature=1.0, top_k=0, top_p=1.0, beta=0.0, num_iterations=1, loss_type="dapo",
-        max_steps=steps, logging_steps=1, save_strategy="no", report_to="none", seed=0,
-        max_grad_norm=1.0, disable_dropout=True, bf16=False, dataloader_num_workers=0,
+        output_dir=str(out),
+        use_cpu=True,
+        per_device_train_batch_size=32,
+        num_generations=8,
+        max_completion_length=32,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        beta=0.0,
+        num_iterations=1,
+        loss_type="dapo",
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        max_grad_norm=1.0,
+        disable_dropout=True,
+        bf16=False,
+        dataloader_num_workers=0,
     )
     clock = Clock()
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=reward, args=args,
-                          train_dataset=data, processing_class=AutoTokenizer.from_pretrained(model),
-                          callbacks=[clock])
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model),
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(model),
+        callbacks=[clock],
+    )
     clock.start = clock.tick = time.perf_counter()
     trainer.train()
     trainer.save_model(str(out / "final"))
@@ -113,7 +152,9 @@ def evaluate(model_dir: Path) -> dict[str, float]:
     from trine.tasks import TaskSet
 
     engine = HFEngine(load_model(model_dir), load_tokenizer(model_dir), seed=0)
-    tasks = list(TaskSet(str(DATA / "eval.jsonl"), name="eval", sampling={"temperature": 1.0, "max_tokens": 32}))
+    tasks = list(
+        TaskSet(str(DATA / "eval.jsonl"), name="eval", sampling={"temperature": 1.0, "max_tokens": 32})
+    )
     return Explorer(engine).evaluate(tasks, name="eval", k=8, greedy=True, seed=1)
 
 
@@ -157,15 +198,32 @@ def main() -> None:
     before = evaluate(start)
     after_trl, after_trine = evaluate(trl_final), evaluate(trine_final)
     for key, name in (("eval/eval/avg@8", "avg@8 (T=1)"), ("eval/eval/accuracy", "greedy accuracy")):
-        rows.append([f"{name} after {args.budget:.0f} s of GRPO (start {100 * before[key]:.1f}%)",
-                     f"{100 * after_trl[key]:.1f}%", f"{100 * after_trine[key]:.1f}%",
-                     f"{after_trine[key] - after_trl[key]:+.3f}", "≥ +0"])
-    rows.append(["GRPO steps in the budget", len(trl_times), len(trine_times), f"{len(trine_times) / max(1, len(trl_times)):.1f}x", "-"])
+        rows.append(
+            [
+                f"{name} after {args.budget:.0f} s of GRPO (start {100 * before[key]:.1f}%)",
+                f"{100 * after_trl[key]:.1f}%",
+                f"{100 * after_trine[key]:.1f}%",
+                f"{after_trine[key] - after_trl[key]:+.3f}",
+                "≥ +0",
+            ]
+        )
+    rows.append(
+        [
+            "GRPO steps in the budget",
+            len(trl_times),
+            len(trine_times),
+            f"{len(trine_times) / max(1, len(trl_times)):.1f}x",
+            "-",
+        ]
+    )
     table = markdown_table(["measure", "TRL", "Trine", "ratio / diff", "target"], rows)
-    report("Trine vs TRL GRPO (tiny-5m, CPU, 2 threads)", table,
-           f"4 prompts x 8 samples, max 32 new tokens, lr {LR}, no KL, TRL loss_type=dapo; medians of "
-           f"{args.rounds} alternating blocks of {args.block} steps (first step of each block dropped).",
-           write=not args.no_write)
+    report(
+        "Trine vs TRL GRPO (tiny-5m, CPU, 2 threads)",
+        table,
+        f"4 prompts x 8 samples, max 32 new tokens, lr {LR}, no KL, TRL loss_type=dapo; medians of "
+        f"{args.rounds} alternating blocks of {args.block} steps (first step of each block dropped).",
+        write=not args.no_write,
+    )
     torch.set_num_threads(2)
 
 

@@ -139,7 +139,18 @@ def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> 
     if snapshot and stage.eval_sets:
         engine = HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
         stage.eval_explorer = _explorer(cfg, engine, None)
-    stage.buffer = registry.resolve("storage", cfg.buffer.storage)()
+    stage.buffer = build_buffer(cfg, run_dir)
+
+
+def build_buffer(cfg: RunConfig, run_dir: Path) -> Any:
+    """The configured storage; SQL and file storages live in the run directory by default."""
+    b = cfg.buffer
+    kwargs = dict(b.storage_args)
+    if b.storage in ("sql", "sqlite"):
+        kwargs.setdefault("url", b.url or f"sqlite:///{run_dir / 'buffer.db'}")
+    elif b.storage == "file":
+        kwargs.setdefault("path", str(run_dir / "buffer.jsonl"))
+    return registry.resolve("storage", b.storage)(**kwargs)
 
 
 def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None) -> Any:

@@ -181,7 +181,12 @@ class ExplorerConfig(Section):
 
 class BufferConfig(Section):
     storage: str = "memory"
-    """Storage name (``memory``) or ``package.module:Class``."""
+    """Storage: ``memory``, ``sql`` (SQLAlchemy: SQLite or PostgreSQL), ``file`` (jsonl log) or ``package.module:Class``."""
+    url: str | None = None
+    """Database URL of the ``sql`` storage (default: ``sqlite:///<run_dir>/buffer.db``; PostgreSQL:
+    ``postgresql+psycopg://user:password@host/db``)."""
+    storage_args: dict[str, Any] = {}
+    """Extra keyword arguments of the storage class."""
     get_timeout: float = 600.0
     """Seconds the trainer waits for a batch before failing with a clear error."""
 
