@@ -68,8 +68,8 @@ def main() -> None:
         batch = prompts(tokenizer, engine, batch_size)
         times = alternate(
             {
-                "raw": lambda: timed(lambda: raw_generate(model, tokenizer, batch, T)),
-                "trine": lambda: timed(lambda: engine.generate_batch([(p, params) for p in batch])),
+                "raw": lambda b=batch: timed(lambda: raw_generate(model, tokenizer, b, T)),
+                "trine": lambda b=batch: timed(lambda: engine.generate_batch([(p, params) for p in b])),
             },
             rounds=args.rounds,
         )
