@@ -64,12 +64,13 @@ def main() -> None:
     params = SamplingParams(temperature=1.0, top_k=0, max_tokens=T, ignore_eos=True)
 
     rows = []
-    for batch_size in (8, 32, 64):
+    for batch_size, T in ((8, args.max_tokens), (32, args.max_tokens), (64, args.max_tokens), (32, 256)):
+        params = SamplingParams(temperature=1.0, top_k=0, max_tokens=T, ignore_eos=True)
         batch = prompts(tokenizer, engine, batch_size)
         times = alternate(
             {
-                "raw": lambda b=batch: timed(lambda: raw_generate(model, tokenizer, b, T)),
-                "trine": lambda b=batch: timed(lambda: engine.generate_batch([(p, params) for p in b])),
+                "raw": lambda b=batch, n=T: timed(lambda: raw_generate(model, tokenizer, b, n)),
+                "trine": lambda b=batch, s=params: timed(lambda: engine.generate_batch([(p, s) for p in b])),
             },
             rounds=args.rounds,
         )
@@ -84,6 +85,8 @@ def main() -> None:
             ]
         )
 
+    T = args.max_tokens
+    params = SamplingParams(temperature=1.0, top_k=0, max_tokens=T, ignore_eos=True)
     batch = prompts(tokenizer, engine, 64)
 
     async def concurrent() -> None:

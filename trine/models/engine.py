@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from trine.models.chat import encode_prompt
+from trine.models.kv_cache import preallocated_cache
 from trine.types import Completion, SamplingParams
 
 
@@ -129,7 +130,7 @@ class HFEngine:
         params = [r.params for r in reqs]
         ids, mask = _left_pad([r.prompt_ids for r in reqs], self.pad_id, device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = _new_cache(self.model)
+        cache = preallocated_cache(self.model, ids.shape[1] + max(p.max_tokens for p in params))
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -142,29 +143,33 @@ class HFEngine:
         logits = out.logits[:, -1].float()[expand]
         if expand.numel() != len(reqs) or bool((expand != torch.arange(len(reqs), device=device)).any()):
             cache.batch_select_indices(expand)
-        mask, next_pos = mask[expand], pos[expand, -1] + 1
         rows = _RowParams(
             [p for p in params for _ in range(p.n)],
             [r.prompt_ids for r in reqs for _ in range(r.params.n)],
             self.eos_ids,
             device,
         )
+        width = ids.shape[1]
+        mask = torch.cat([mask[expand], mask.new_zeros(len(expand), rows.max_new)], dim=-1)  # filled as we go
+        next_pos = pos[expand, -1] + 1
         state = _DecodeState(rows.size, rows.max_new, self.pad_id, device)
-        active = torch.arange(rows.size, device=device)
+        active = torch.arange(rows.size, device=device)  # row of each batch position
+        alive = torch.ones(rows.size, dtype=torch.bool, device=device)  # finished rows stay until compacted
         for t in range(rows.max_new):
             tok, lp = self._pick(logits, rows, active)
-            state.record(active, t, tok, lp)
-            done = rows.finished(active, tok, t, state, self.tokenizer)
-            if bool(done.all()):
+            live = alive.nonzero().squeeze(-1)
+            state.record(active[live], t, tok[live], lp[live])
+            alive[live[rows.finished(active[live], tok[live], t, state, self.tokenizer)]] = False
+            if not bool(alive.any()):
                 break
-            keep = ~done
-            if bool(done.any()):
-                active, tok, mask, next_pos = active[keep], tok[keep], mask[keep], next_pos[keep]
-                cache.batch_select_indices(keep.nonzero().squeeze(-1))
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+            if 4 * int((~alive).sum()) >= len(alive):  # drop finished rows (and their cache) in bulk
+                keep = alive.nonzero().squeeze(-1)
+                active, tok, mask, next_pos, alive = active[keep], tok[keep], mask[keep], next_pos[keep], alive[keep]
+                cache.batch_select_indices(keep)
+            mask[:, width + t] = 1
             out = self.model(
                 input_ids=tok[:, None],
-                attention_mask=mask,
+                attention_mask=mask[:, : width + t + 1],
                 position_ids=next_pos[:, None],
                 past_key_values=cache,
                 use_cache=True,
@@ -299,12 +304,6 @@ def _left_pad(seqs: list[list[int]], pad_id: int, device: Any) -> tuple[Tensor, 
         ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
         mask[i, width - len(s) :] = 1
     return ids.to(device), mask.to(device)
-
-
-def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
