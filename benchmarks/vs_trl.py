@@ -163,7 +163,7 @@ def sft_start(base: Path) -> Path:
     path = CACHE / "tiny-5m-sft"
     if not (path / "config.json").exists():
         run_dir = Path(tempfile.mkdtemp(prefix="trine-sft-"))
-        stages, errors = validate_dict(trine_config(base, run_dir, 150, mode="train"))
+        stages, errors = validate_dict(trine_config(base, run_dir, 100, mode="train"))
         assert not errors, errors
         trine_run(stages)
         shutil.copytree(sorted((run_dir / "checkpoints").iterdir())[-1], path, dirs_exist_ok=True)

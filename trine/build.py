@@ -42,6 +42,8 @@ class Stage:
     """Steps of this stage already done (non-zero after a resume)."""
     pending: list[tuple[int, int, dict[str, float]]] = field(default_factory=list)
     """Explored batches not yet trained: (batch index, experiences, explorer metrics)."""
+    expert: Any = None
+    """Scheduler of expert rows mixed into each batch (MIX)."""
 
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
@@ -66,11 +68,12 @@ def build_algorithm(cfg: RunConfig) -> Any:
     return preset.with_overrides(**overrides)
 
 
-def build_taskset(ts: TasksetConfig) -> Any:
+def build_taskset(ts: TasksetConfig, extra_workflow_args: dict[str, Any] | None = None) -> Any:
     from trine.tasks import TaskSet
 
-    kwargs = ts.model_dump(exclude={"response_key"})
+    kwargs = ts.model_dump(exclude={"response_key", "chosen_key", "rejected_key"})
     kwargs["sampling"] = ts.sampling.model_dump()
+    kwargs["workflow_args"] = {**ts.workflow_args, **(extra_workflow_args or {})}
     return TaskSet(**kwargs)
 
 
@@ -87,7 +90,7 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
     from trine.trainer import Trainer
 
     algorithm = build_algorithm(cfg)
-    train_set = build_taskset(cfg.tasks.train)
+    train_set = build_taskset(cfg.tasks.train, extra_workflow_args=algorithm.rollout_args)
     if train_set.skipped_rows:
         log.warning(
             "taskset %s: skipped %d bad row(s) (tasks.train.on_bad_row=skip)",
@@ -98,15 +101,29 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
     epochs = cfg.tasks.epochs if cfg.tasks.total_steps is None else None
     scheduler = TaskScheduler(train_set, shuffle=cfg.tasks.shuffle, seed=cfg.seed, epochs=epochs)
     ref_model = _frozen_copy(model) if algorithm.needs_ref else None
+    t = cfg.trainer
+    critic = None
+    if algorithm.needs_critic:
+        from trine.trainer.critic import Critic, ValueModel
+
+        critic = Critic(
+            ValueModel.from_policy(model),
+            lr=t.critic_lr or t.lr,
+            grad_clip=t.grad_clip,
+            warmup_steps=t.critic_warmup_steps,
+            betas=t.betas,
+            weight_decay=t.weight_decay,
+        )
     trainer = Trainer(
         model,
         algorithm,
         pad_token_id=tokenizer.pad_token_id,
         ref_model=ref_model,
+        critic=critic,
         total_steps=total,
         max_response_length=cfg.tasks.train.sampling.max_tokens,
         seed=cfg.seed,
-        **cfg.trainer.model_dump(exclude={"save_every", "keep_checkpoints"}),
+        **t.model_dump(exclude={"save_every", "keep_checkpoints", "critic_lr", "critic_warmup_steps"}),
     )
     stage = Stage(
         cfg=cfg,
@@ -116,6 +133,10 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
         total_steps=total,
         eval_sets=[build_taskset(e) for e in cfg.tasks.eval],
     )
+    if cfg.tasks.expert is not None and algorithm.expert_ratio > 0:
+        stage.expert = TaskScheduler(
+            build_taskset(cfg.tasks.expert), shuffle=True, seed=cfg.seed, epochs=None
+        )
     if cfg.mode == "sync" or stage.eval_sets:
         _build_explorer(stage, model, tokenizer, run_dir)
     return stage
@@ -135,7 +156,8 @@ def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> 
     )
     stage.sync = StateDictCopy() if snapshot else SharedWeights()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
-    stage.explorer = stage.eval_explorer = _explorer(cfg, stage.engine, rollouts)
+    teacher = _teacher(cfg)
+    stage.explorer = stage.eval_explorer = _explorer(cfg, stage.engine, rollouts, teacher)
     if snapshot and stage.eval_sets:
         engine = HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
         stage.eval_explorer = _explorer(cfg, engine, None)
@@ -153,7 +175,17 @@ def build_buffer(cfg: RunConfig, run_dir: Path) -> Any:
     return registry.resolve("storage", b.storage)(**kwargs)
 
 
-def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None) -> Any:
+def _teacher(cfg: RunConfig) -> Any:
+    if cfg.explorer.teacher is None:
+        return None
+    from trine.models import load_model
+    from trine.models.loading import resolve_device
+
+    teacher = load_model(cfg.explorer.teacher, dtype=cfg.model.dtype, device=resolve_device(cfg.model.device))
+    return teacher.requires_grad_(False)
+
+
+def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None, teacher: Any = None) -> Any:
     from trine.explorer import Explorer
 
     e = cfg.explorer
@@ -164,6 +196,7 @@ def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None) -> Any:
         max_concurrency=e.max_concurrency,
         reward_timeout=e.reward_timeout,
         rollouts_path=rollouts,
+        teacher=teacher,
     )
 
 
@@ -175,29 +208,66 @@ def _frozen_copy(model: Any) -> Any:
 
 
 def sft_experiences(tasks: list[Any], tokenizer: Any, response_key: str | None) -> list[Any]:
-    """Supervised experiences (kind="sft") from tasks: the chat prompt, then the target response."""
+    """Supervised experiences (kind="sft"): a whole chat with assistant turns (``messages_key``), or
+    the chat prompt followed by the target response (``response_key`` or the answer) and eos."""
+    from trine.models.chat import encode_conversation, encode_sft
+    from trine.types import Experience
+
+    out = []
+    for task in tasks:
+        chat = task.messages()
+        if chat[-1].get("role") == "assistant":
+            tokens, prompt_length, mask = encode_conversation(tokenizer, chat)
+        else:
+            target = task.raw.get(response_key) if response_key else task.answer
+            if target is None:
+                raise ValueError(
+                    f"task {task.task_id} has no target response for supervised training; set "
+                    "tasks.train.response_key or answer_key to a field present in the data."
+                )
+            tokens, prompt_length = encode_sft(tokenizer, chat, str(target))
+            mask = [1] * (len(tokens) - prompt_length)
+        out.append(
+            Experience(
+                tokens=tokens,
+                prompt_length=prompt_length,
+                action_mask=mask,
+                kind="sft",
+                task_id=task.task_id,
+                reward=0.0,
+                info={"expert": True},
+            )
+        )
+    return out
+
+
+def preference_experiences(tasks: list[Any], tokenizer: Any, chosen_key: str, rejected_key: str) -> list[Any]:
+    """Two experiences per task (kind="preference", one ``group_id``): the prompt with the chosen
+    response (``info["chosen"]`` True) and with the rejected one."""
     from trine.models.chat import encode_sft
     from trine.types import Experience
 
     out = []
     for task in tasks:
-        target = task.raw.get(response_key) if response_key else task.answer
-        if target is None:
-            raise ValueError(
-                f"task {task.task_id} has no target response for supervised training; set "
-                f"tasks.train.response_key or answer_key to a field present in the data."
+        for key, chosen in ((chosen_key, True), (rejected_key, False)):
+            if task.raw.get(key) is None:
+                raise ValueError(
+                    f"task {task.task_id} has no {key!r} field; preference data needs "
+                    f"tasks.train.chosen_key / rejected_key fields (found: {sorted(task.raw)})"
+                )
+            tokens, prompt_length = encode_sft(tokenizer, task.messages(), str(task.raw[key]))
+            out.append(
+                Experience(
+                    tokens=tokens,
+                    prompt_length=prompt_length,
+                    kind="preference",
+                    action_mask=[1] * (len(tokens) - prompt_length),
+                    reward=0.0,
+                    task_id=task.task_id,
+                    group_id=f"pair:{task.task_id}",
+                    info={"chosen": chosen},
+                )
             )
-        tokens, prompt_length = encode_sft(tokenizer, task.messages(), str(target))
-        out.append(
-            Experience(
-                tokens=tokens,
-                prompt_length=prompt_length,
-                kind="sft",
-                task_id=task.task_id,
-                action_mask=[1] * (len(tokens) - prompt_length),
-                reward=0.0,
-            )
-        )
     return out
 
 

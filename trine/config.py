@@ -103,6 +103,10 @@ class TasksetConfig(Section):
     """Row field holding a whole chat (list of {role, content}) instead of prompt_key."""
     response_key: str | None = None
     """For supervised (``train`` mode) stages: the field holding the target response (default: the answer)."""
+    chosen_key: str = "chosen"
+    """For preference (DPO) stages: the field holding the preferred response."""
+    rejected_key: str = "rejected"
+    """For preference (DPO) stages: the field holding the dispreferred response."""
     system_prompt: str | None = None
     """System message prepended to every prompt."""
     prompt_template: str | None = None
@@ -146,6 +150,8 @@ class TasksConfig(Section):
     """The taskset explored (RL) or trained on (``train`` mode)."""
     eval: list[TasksetConfig] = []
     """Tasksets evaluated every ``eval.every`` steps."""
+    expert: TasksetConfig | None = None
+    """Expert (supervised) rows mixed into RL batches by the ``mix`` algorithm (prompt + answer/response)."""
     batch_size: int = 8
     """Tasks per explorer batch (each yields ``repeat`` experiences); one batch per training step."""
     total_steps: int | None = None
@@ -177,6 +183,11 @@ class ExplorerConfig(Section):
     """Rows the rollout engine samples in one batch."""
     dump_rollouts: bool = False
     """Append every sampled trajectory (text, reward) to ``rollouts.jsonl`` in the run directory."""
+    teacher: str | None = None
+    """Local model directory of a teacher whose logprobs on the samples are stored for on-policy
+    distillation (``algorithm.name: distill``)."""
+
+    _teacher = field_validator("teacher")(_resolve_path)
 
 
 class BufferConfig(Section):
@@ -249,6 +260,10 @@ class TrainerConfig(Section):
     """Save a checkpoint every N steps (0: only at the end of each stage)."""
     keep_checkpoints: int = 2
     """Number of most recent checkpoints kept."""
+    critic_lr: float | None = None
+    """Learning rate of the critic (algorithms with a critic, e.g. ppo); None: the policy's lr."""
+    critic_warmup_steps: int = 0
+    """Steps during which only the critic is trained (the policy waits for useful values)."""
 
 
 class SyncConfig(Section):
@@ -350,6 +365,8 @@ class RunConfig(Section):
                 f"algorithm {self.algorithm.name!r} trains from data, not rollouts; "
                 "set mode: train for it, or pick an RL algorithm such as grpo"
             )
+        if algo is not None:
+            problems += _algorithm_problems(self, algo)
         if algo is not None and self.mode == "train" and algo.from_rollouts:
             problems.append(
                 f"mode 'train' needs a supervised algorithm such as sft, not {self.algorithm.name!r}; "
@@ -358,6 +375,21 @@ class RunConfig(Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _algorithm_problems(cfg: RunConfig, preset: Any) -> list[str]:
+    """Overrides that do not fit the algorithm's functions, and data the algorithm needs but lacks."""
+    problems = []
+    try:
+        algo = preset.with_overrides(**cfg.algorithm.model_dump(exclude={"name"}))
+        algo.check_args()
+    except ValueError as err:
+        return [str(err)]
+    if algo.expert_ratio > 0 and cfg.tasks.expert is None:
+        problems.append(f"algorithm {algo.name!r} mixes expert rows; set tasks.expert to a taskset of them")
+    if algo.loss == "distill" and cfg.explorer.teacher is None:
+        problems.append("algorithm 'distill' needs a teacher model; set explorer.teacher to its directory")
+    return problems
 
 
 class ConfigError(ValueError):

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trine import registry
 from trine.types import Experience, Task, new_id
 
@@ -34,6 +36,7 @@ class Explorer:
         max_concurrency: int = 256,
         reward_timeout: float = 30.0,
         rollouts_path: str | Path | None = None,
+        teacher: Any = None,
     ) -> None:
         self.model = model
         self.timeout = timeout
@@ -41,6 +44,7 @@ class Explorer:
         self.max_concurrency = max_concurrency
         self.reward_timeout = reward_timeout
         self.rollouts_path = Path(rollouts_path) if rollouts_path else None
+        self.teacher = teacher
         self.loop = asyncio.new_event_loop()
         self._workflows: dict[tuple, Any] = {}
 
@@ -76,8 +80,26 @@ class Explorer:
                 experiences.extend(exps)
             if self.rollouts_path is not None:
                 self._dump(tasks, mine, index, version)
+            if self.teacher is not None:
+                self._score_with_teacher(experiences)
             results.append((experiences, self._metrics(experiences, mine, seconds)))
         return results
+
+    @torch.no_grad()
+    def _score_with_teacher(self, experiences: list[Experience], token_budget: int = 8192) -> None:
+        """Store the teacher's logprobs of every sampled response in ``info["teacher_logprobs"]``."""
+        from trine.trainer.batching import collate, forward_logprobs, plan_micro_batches
+
+        device = next(self.teacher.parameters()).device
+        plan = plan_micro_batches([len(e.tokens) for e in experiences], token_budget)
+        for rows in plan:
+            batch = collate(experiences, rows, self.model.pad_id, device)
+            logprobs, _ = forward_logprobs(self.teacher, batch)
+            for i, row in enumerate(rows):
+                n = experiences[row].response_length
+                experiences[row].info["teacher_logprobs"] = (
+                    logprobs[i, logprobs.shape[1] - n :].tolist() if n else []
+                )
 
     def evaluate(
         self, tasks: list[Task], *, name: str, k: int, greedy: bool, seed: int, success_threshold: float = 1.0
@@ -109,9 +131,10 @@ class Explorer:
 
     # ------------------------------------------------------------------ internals
     def _success(self, tasks: list[Task], threshold: float) -> list[list[float]]:
+        """Per task, 1/0 per rollout: its reward (a multi-step rollout: its episode return) >= threshold."""
         outcomes = self.loop.run_until_complete(self._run_all(tasks))
         return [
-            [float(e.reward is not None and e.reward >= threshold) for e in exps] or [0.0]
+            [float(r is not None and r >= threshold) for r in rollout_returns(exps)] or [0.0]
             for exps, _, _ in outcomes
         ]
 
@@ -180,6 +203,7 @@ class Explorer:
         rewards = [float(e.reward) for e in exps if e.reward is not None]
         lengths = [e.response_length for e in exps]
         reasons = [r for _, _, r in outcomes if r]
+        episodes = [e for e in exps if e.info.get("last_step")]
         m = {
             "explorer/tasks": float(len(outcomes)),
             "explorer/experiences": float(len(exps)),
@@ -196,6 +220,9 @@ class Explorer:
             else 0.0,
             "time/explore_seconds": seconds,
         }
+        if episodes:
+            m["explorer/episode_return_mean"] = statistics.fmean(rollout_returns(episodes))
+            m["explorer/episode_length_mean"] = statistics.fmean(e.step + 1 for e in episodes)
         for reason in set(reasons):
             m[f"explorer/skipped_{reason}"] = float(reasons.count(reason))
         parts: dict[str, list[float]] = {}
@@ -227,6 +254,14 @@ class Explorer:
                     ],
                 }
                 f.write(json.dumps(row, default=str) + "\n")
+
+
+def rollout_returns(exps: list[Experience]) -> list[float | None]:
+    """One value per rollout: the reward of a single-turn experience, or the ``episode_return`` of the
+    last step of a multi-step rollout (``info["last_step"]``)."""
+    if any("last_step" in e.info for e in exps):
+        return [e.info.get("episode_return", e.reward) for e in exps if e.info.get("last_step")]
+    return [e.reward for e in exps]
 
 
 def _eval_task(task: Task, k: int, temperature: float | None) -> Task:

@@ -19,6 +19,7 @@ from typing import Any
 
 from trine import build
 from trine.config import RunConfig
+from trine.refill import shape_batch
 from trine.rundir import RunDir
 
 
@@ -129,12 +130,18 @@ def _offset_steps(st: build.Stage):
 
 
 def _train_steps(st: build.Stage, tokenizer: Any):
-    """Trainer only: supervised rows (prompt + target response) from the taskset."""
+    """Trainer only: supervised rows, or preference pairs (DPO), made from the taskset."""
+    ts = st.cfg.tasks.train
     while st.step < st.total_steps:
         tasks = st.scheduler.next_batch(st.cfg.tasks.batch_size)
         if not tasks:
             return
-        yield st.trainer.step(build.sft_experiences(tasks, tokenizer, st.cfg.tasks.train.response_key))
+        if st.algorithm.pairwise:
+            yield st.trainer.step(
+                build.preference_experiences(tasks, tokenizer, ts.chosen_key, ts.rejected_key)
+            )
+        else:
+            yield st.trainer.step(build.sft_experiences(tasks, tokenizer, ts.response_key))
 
 
 def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> bool:
@@ -145,9 +152,9 @@ def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> b
         if not tasks:
             break
         batches.append(tasks)
-    for j, (experiences, metrics) in enumerate(
-        st.explorer.explore_batches(batches, first_index=first, version=version)
-    ):
+    results = st.explorer.explore_batches(batches, first_index=first, version=version)
+    for j, (experiences, metrics) in enumerate(results):
+        experiences = shape_batch(st, experiences, metrics, first + j, version)
         st.buffer.put(experiences)
         st.pending.append((first + j, len(experiences), metrics))
     return len(batches) == count
@@ -158,6 +165,11 @@ def _train_on(st: build.Stage) -> dict[str, float]:
     _, n, metrics = st.pending[0]
     experiences = st.buffer.get(n, timeout=st.cfg.buffer.get_timeout) if n else []
     st.pending.pop(0)
+    if st.expert is not None:  # MIX: expert rows ride along with the rollouts
+        tasks = st.expert.next_batch(max(1, round(st.algorithm.expert_ratio * len(experiences))))
+        experiences = experiences + build.sft_experiences(
+            tasks, st.engine.tokenizer, st.cfg.tasks.expert.response_key
+        )
     lag = [st.trainer.version - e.policy_version for e in experiences] or [0]
     metrics = {
         **metrics,

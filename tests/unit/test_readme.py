@@ -28,6 +28,5 @@ def test_config_reference_is_up_to_date():
     found = re.search(r"<!-- config-reference:start -->\n(.*)\n<!-- config-reference:end -->", text, re.S)
     assert found, "README.md lost its config-reference markers"
     assert found.group(1) == reference_markdown(), (
-        "README's config reference is stale; regenerate it with "
-        "`python -c 'from trine.config import reference_markdown; print(reference_markdown())'`"
+        "README's config reference is stale; regenerate it with `python scripts/sync_docs.py`"
     )

@@ -12,9 +12,12 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from trine import registry
-from trine.algorithms.aggregation import aggregate, step_normalizer
+from trine.algorithms.advantages_token import gae
+from trine.algorithms.aggregation import aggregate, split_normalizer, step_normalizer
 from trine.algorithms.inputs import ADVANTAGE_INPUTS, LOSS_INPUTS, check_args, needed_inputs
-from trine.algorithms.kl import entropy_from_logits, kl_penalty
+from trine.algorithms.kl import entropy_bonus, entropy_from_logits, kl_penalty
+from trine.algorithms.losses_extra import value_loss
+from trine.algorithms.losses_offpolicy import sequence_logps
 
 
 @dataclass(frozen=True)
@@ -33,13 +36,30 @@ class Algorithm:
     entropy_coef: float = 0.0
     """Coefficient of an entropy bonus (subtracted from the loss)."""
     needs_critic: bool = False
+    critic_args: dict[str, Any] = field(default_factory=dict)
+    """Arguments of the critic's value loss (e.g. ``clip_eps``)."""
+    pairwise: bool = False
+    """The loss reads (chosen, rejected) sequence pairs (DPO) instead of per-token rollouts."""
+    rollout_args: dict[str, Any] = field(default_factory=dict)
+    """Extra workflow arguments the algorithm needs from the explorer (e.g. ReMax's greedy baseline)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards all agree and draw more tasks until the batch is full."""
+    max_extra_draws: int = 4
+    """DAPO dynamic sampling: at most this many extra task draws per batch, then it proceeds smaller."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping: soft penalty over the last N tokens before max_tokens (0 = off)."""
+    overlong_penalty: float = 1.0
+    """DAPO overlong shaping: the penalty reached at max_tokens."""
+    expert_ratio: float = 0.0
+    """MIX: expert (SFT) rows added per rollout row, from ``tasks.expert``."""
     from_rollouts: bool = True
     """True: trains on explorer rollouts. False: trains from a dataset (``train`` mode)."""
     paper: str = ""
 
     @property
     def needs_ref(self) -> bool:
-        return self.kl_coef > 0
+        """A frozen reference model is needed: a KL term, a reference-based loss, or pairs (DPO)."""
+        return self.kl_coef > 0 or self.pairwise or "ref_logprobs" in self.loss_inputs
 
     # The functions the trainer calls, resolved by name (the trainer never imports this package).
     @property
@@ -67,6 +87,27 @@ class Algorithm:
         return aggregate
 
     @property
+    def split_normalizer_fn(self) -> Any:
+        return split_normalizer
+
+    @property
+    def entropy_bonus_fn(self) -> Any:
+        return entropy_bonus
+
+    @property
+    def returns_fn(self) -> Any:
+        """``(token_rewards, values, action_mask, gamma, lam) -> (advantages, returns)``: GAE targets of the critic."""
+        return gae
+
+    @property
+    def value_loss_fn(self) -> Any:
+        return value_loss
+
+    @property
+    def sequence_logps_fn(self) -> Any:
+        return sequence_logps
+
+    @property
     def advantage_inputs(self) -> tuple[str, ...]:
         """Batch inputs the advantage function reads (names from ``ADVANTAGE_INPUTS``)."""
         fn = self.advantage_fn
@@ -90,24 +131,152 @@ class Algorithm:
         if unknown:
             raise ValueError(f"unknown algorithm field(s) {unknown}; valid fields: {sorted(names)}")
         changes = {k: v for k, v in overrides.items() if v is not None}
-        for key in ("advantage_args", "loss_args"):
-            if key in changes:
-                changes[key] = {**getattr(self, key), **changes[key]}
+        for fn_key, args_key in (("advantage", "advantage_args"), ("loss", "loss_args")):
+            # the preset's arguments belong to the preset's function: a replaced function starts empty
+            same = changes.get(fn_key, getattr(self, fn_key)) == getattr(self, fn_key)
+            base = getattr(self, args_key) if same else {}
+            changes[args_key] = {**base, **changes.get(args_key, {})}
         return replace(self, **changes)
 
 
+def _preset(name: str, advantage: str | None, loss: str, paper: str, **fields_: Any) -> Algorithm:
+    return Algorithm(name=name, advantage=advantage, loss=loss, paper=paper, **fields_)
+
+
 PRESETS: dict[str, Algorithm] = {
-    "grpo": Algorithm(
-        name="grpo",
-        advantage="grpo",
-        loss="ppo_clip",
-        loss_args={"clip_low": 0.2, "clip_high": 0.2},
-        paper="DeepSeekMath (GRPO), arXiv 2402.03300",
-    ),
-    "sft": Algorithm(
-        name="sft",
-        loss="sft",
-        from_rollouts=False,
-        paper="Supervised fine-tuning (maximum likelihood)",
-    ),
+    a.name: a
+    for a in (
+        _preset(
+            "grpo",
+            "grpo",
+            "ppo_clip",
+            "DeepSeekMath (GRPO), arXiv 2402.03300",
+            loss_args={"clip_low": 0.2, "clip_high": 0.2},
+        ),
+        _preset(
+            "dr_grpo",
+            "dr_grpo",
+            "ppo_clip",
+            "Understanding R1-Zero-Like Training (Dr. GRPO), arXiv 2503.20783",
+            loss_agg="seq-mean-token-sum-norm",
+        ),
+        _preset(
+            "dapo",
+            "grpo",
+            "ppo_clip",
+            "DAPO, arXiv 2503.14476",
+            loss_args={"clip_low": 0.2, "clip_high": 0.28},
+            dynamic_sampling=True,
+            overlong_buffer=4,
+            overlong_penalty=1.0,
+        ),
+        _preset(
+            "gspo",
+            "grpo",
+            "gspo",
+            "Group Sequence Policy Optimization, arXiv 2507.18071",
+            loss_agg="seq-mean-token-mean",
+        ),
+        _preset("cispo", "grpo", "cispo", "MiniMax-M1 (CISPO), arXiv 2506.13585"),
+        _preset("sapo", "grpo", "sapo", "Soft Adaptive Policy Optimization (SAPO), arXiv 2511.20347"),
+        _preset("rloo", "rloo", "ppo_clip", "Back to Basics: REINFORCE Leave-One-Out, arXiv 2402.14740"),
+        _preset("reinforce_pp", "reinforce_pp", "ppo_clip", "REINFORCE++, arXiv 2501.03262"),
+        _preset(
+            "remax", "remax", "ppo_clip", "ReMax, arXiv 2310.10505", rollout_args={"greedy_baseline": True}
+        ),
+        _preset(
+            "opmd",
+            "opmd",
+            "opmd",
+            "Trinity-RFT (OPMD), arXiv 2505.17826 App. A",
+            advantage_args={"tau": 1.0},
+            loss_args={"tau": 1.0},
+        ),
+        _preset(
+            "opmd_pairwise",
+            "opmd",
+            "opmd_pairwise",
+            "Trinity-RFT (pairwise OPMD), arXiv 2505.17826 App. A",
+            loss_agg="seq-mean-token-mean",
+        ),
+        _preset("asymre", "asymre", "pg", "Asymmetric REINFORCE, arXiv 2506.20520"),
+        _preset(
+            "ppo",
+            "gae",
+            "ppo_clip",
+            "PPO, arXiv 1707.06347 (GAE: arXiv 1506.02438)",
+            needs_critic=True,
+            advantage_args={"gamma": 1.0, "lam": 0.95},
+            critic_args={"clip_eps": 0.2},
+        ),
+        _preset(
+            "mix",
+            "grpo",
+            "mix",
+            "Trinity-RFT (MIX), arXiv 2505.17826",
+            loss_args={"mu": 0.1},
+            expert_ratio=0.25,
+        ),
+        _preset(
+            "multi_step_grpo", "step_wise_grpo", "ppo_clip", "Trinity-RFT multi-step GRPO, arXiv 2505.17826"
+        ),
+        _preset(
+            "gigpo",
+            "gigpo",
+            "ppo_clip",
+            "GiGPO, arXiv 2505.10978",
+            advantage_args={"omega": 1.0, "gamma": 0.95},
+        ),
+        _preset(
+            "distill", None, "distill", "On-policy distillation (reverse KL to a teacher), arXiv 2306.13649"
+        ),
+        _preset("sft", None, "sft", "Supervised fine-tuning (maximum likelihood)", from_rollouts=False),
+        _preset(
+            "dpo",
+            None,
+            "dpo",
+            "Direct Preference Optimization, arXiv 2305.18290",
+            from_rollouts=False,
+            pairwise=True,
+            loss_args={"beta": 0.1},
+        ),
+    )
 }
+
+
+def presets_markdown() -> str:
+    """The table of presets in ``docs/algorithms.md`` (generated, so it cannot drift)."""
+
+    def call(name: str | None, args: dict[str, Any]) -> str:
+        if name is None:
+            return "-"
+        return f"`{name}`" + (f" ({', '.join(f'{k}={v}' for k, v in args.items())})" if args else "")
+
+    rows = [
+        "| preset | advantage | loss | aggregation | KL / entropy | needs | paper |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a in PRESETS.values():
+        kl = f"{a.kl_estimator} KL × {a.kl_coef}" if a.kl_coef else "-"
+        kl += f", entropy × {a.entropy_coef}" if a.entropy_coef else ""
+        needs = [
+            x
+            for x, on in (
+                ("critic", a.needs_critic),
+                ("reference model", a.needs_ref),
+                ("preference pairs", a.pairwise),
+                ("dynamic sampling", a.dynamic_sampling),
+                (f"overlong shaping ({a.overlong_buffer} tokens)", a.overlong_buffer),
+                (f"expert rows × {a.expert_ratio}", a.expert_ratio),
+                ("greedy baseline rollout", a.rollout_args),
+                ("teacher model", a.loss == "distill"),
+                ("step-wise workflow", a.advantage in ("step_wise_grpo", "gigpo")),
+                ("dataset (train mode)", not a.from_rollouts),
+            )
+            if on
+        ]
+        rows.append(
+            f"| `{a.name}` | {call(a.advantage, a.advantage_args)} | {call(a.loss, a.loss_args)} "
+            f"| {a.loss_agg} | {kl} | {', '.join(needs) or '-'} | {a.paper} |"
+        )
+    return "\n".join(rows)

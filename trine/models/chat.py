@@ -22,3 +22,48 @@ def encode_sft(tokenizer: Any, messages: list[dict[str, str]], response: str) ->
     if tokenizer.eos_token_id is not None:
         response_ids.append(tokenizer.eos_token_id)
     return prompt + response_ids, len(prompt)
+
+
+def encode_conversation(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], int, list[int]]:
+    """``(tokens, prompt_length, action_mask)`` for a whole chat, training on assistant turns only.
+
+    The chat is rendered turn by turn with the chat template; each turn's new text is tokenized on
+    its own and appended. Assistant turns (their content and end-of-turn) get mask 1, everything
+    else (system/user turns, the assistant header) 0. ``prompt_length`` ends where the first
+    assistant content starts.
+    """
+    if not any(m.get("role") == "assistant" for m in messages):
+        raise ValueError("a supervised chat needs at least one assistant message to train on")
+    pieces: list[tuple[str, int]] = []
+    shown = ""
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            head = _render(tokenizer, messages[:i], generation_prompt=True)
+            pieces.append((_delta(shown, head), 0))
+            shown = head
+        text = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        pieces.append((_delta(shown, text), 1 if message.get("role") == "assistant" else 0))
+        shown = text
+    tokens: list[int] = []
+    mask: list[int] = []
+    for text, trainable in pieces:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        tokens += ids
+        mask += [trainable] * len(ids)
+    prompt_length = mask.index(1)
+    return tokens, prompt_length, mask[prompt_length:]
+
+
+def _render(tokenizer: Any, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    if not messages:
+        return ""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def _delta(before: str, after: str) -> str:
+    if not after.startswith(before):
+        raise ValueError(
+            "the chat template does not render a conversation as a prefix of its continuation; "
+            "per-turn loss masks need a prefix-consistent template (e.g. ChatML)"
+        )
+    return after[len(before) :]

@@ -164,7 +164,13 @@ class HFEngine:
                 break
             if 4 * int((~alive).sum()) >= len(alive):  # drop finished rows (and their cache) in bulk
                 keep = alive.nonzero().squeeze(-1)
-                active, tok, mask, next_pos, alive = active[keep], tok[keep], mask[keep], next_pos[keep], alive[keep]
+                active, tok, mask, next_pos, alive = (
+                    active[keep],
+                    tok[keep],
+                    mask[keep],
+                    next_pos[keep],
+                    alive[keep],
+                )
                 cache.batch_select_indices(keep)
             mask[:, width + t] = 1
             out = self.model(

@@ -36,8 +36,12 @@ class BufferLayer(DynamicLayer):
         end = self.length + key_states.shape[-2]
         if end > self._k.shape[-2]:  # outgrew the estimate: double once (amortised)
             grow = max(end, 2 * self._k.shape[-2]) - self._k.shape[-2]
-            self._k = torch.cat([self._k, self._k.new_empty((*self._k.shape[:2], grow, self._k.shape[-1]))], dim=-2)
-            self._v = torch.cat([self._v, self._v.new_empty((*self._v.shape[:2], grow, self._v.shape[-1]))], dim=-2)
+            self._k = torch.cat(
+                [self._k, self._k.new_empty((*self._k.shape[:2], grow, self._k.shape[-1]))], dim=-2
+            )
+            self._v = torch.cat(
+                [self._v, self._v.new_empty((*self._v.shape[:2], grow, self._v.shape[-1]))], dim=-2
+            )
         self._k[:, :, self.length : end] = key_states
         self._v[:, :, self.length : end] = value_states
         self.length = end
@@ -54,10 +58,14 @@ class BufferLayer(DynamicLayer):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.is_initialized:
-            self.batch_select_indices(torch.arange(self._k.shape[0], device=self._k.device).repeat_interleave(repeats))
+            self.batch_select_indices(
+                torch.arange(self._k.shape[0], device=self._k.device).repeat_interleave(repeats)
+            )
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("BufferLayer does not support crop(); use DynamicCache for speculative decoding")
+        raise NotImplementedError(
+            "BufferLayer does not support crop(); use DynamicCache for speculative decoding"
+        )
 
     def reset(self) -> None:
         self.length = 0

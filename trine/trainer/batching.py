@@ -119,12 +119,13 @@ def right_align(values: list[list[float]], resp: int, device: Any) -> Tensor:
 
 
 def forward_logprobs(
-    model: Any, batch: MicroBatch, *, entropy_fn: Any = None
+    model: Any, batch: MicroBatch, *, entropy_fn: Any = None, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token logprobs ``[B, R]`` of ``batch.targets`` under ``model`` (temperature-scaled).
 
     ``log π(y_t) = z_{y_t}/T - logsumexp(z/T)`` from the logits of the positions that predict the
-    response tokens only (``logits_to_keep``). With ``entropy_fn`` also the per-token entropy (no grad).
+    response tokens only (``logits_to_keep``). With ``entropy_fn`` also the per-token entropy
+    (with gradient only when ``entropy_grad``, for an entropy bonus).
     """
     resp = batch.targets.shape[1]
     out = model(
@@ -138,6 +139,9 @@ def forward_logprobs(
     logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     entropy = None
     if entropy_fn is not None:
-        with torch.no_grad():
-            entropy = entropy_fn(logits.detach())
+        if entropy_grad:
+            entropy = entropy_fn(logits)
+        else:
+            with torch.no_grad():
+                entropy = entropy_fn(logits.detach())
     return logprobs, entropy

@@ -1,12 +1,15 @@
 """The update step: advantages, micro-batching, accumulation over the whole step, AdamW.
 
-``Trainer.step(experiences)`` is the ``buffer → trainer`` arrow: it computes advantages with the
-algorithm's advantage function, splits the batch into ``mini_batches`` optimizer steps (repeated
-``update_epochs`` times), each split into token-budget micro-batches whose losses are normalized
-over the whole optimizer step (so the gradient does not depend on the micro-batch split), and
-returns one flat dict of ``trainer/*`` metrics. The algorithm is passed in as a record exposing
-``advantage_fn``, ``loss_fn``, ``kl_fn``, ``entropy_fn``, ``normalizer_fn`` and their settings; the
-trainer never imports the algorithm package.
+``Trainer.step(experiences)`` is the ``buffer → trainer`` arrow. It builds the batch inputs the
+algorithm's functions read (:mod:`trine.trainer.inputs`; critic values, reference logprobs and
+teacher logprobs only when needed), computes advantages, splits the batch into ``mini_batches``
+optimizer steps (repeated ``update_epochs`` times), each split into token-budget micro-batches whose
+losses are normalized over the whole optimizer step (so the gradient does not depend on the split),
+updates the critic when there is one, and returns one flat dict of ``trainer/*`` metrics.
+
+The algorithm is a record exposing ``advantage_fn``, ``loss_fn`` and the helper functions
+(``kl_fn``, ``entropy_fn``, ``normalizer_fn``, ...) with their settings; the trainer never imports
+the algorithm package. Preference pairs (DPO) take :meth:`Trainer._pair_updates`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,17 @@ import torch
 from torch import Tensor
 
 from trine.trainer.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches
+from trine.trainer.inputs import (
+    SAMPLE_INPUTS,
+    TOKEN_INPUTS,
+    right_align,
+    sample_inputs,
+    slice_rows,
+    token_inputs,
+)
 from trine.types import Experience
+
+STANDARD_LOSS_INPUTS = ("logprobs", "old_logprobs", "advantages", "action_mask", "normalizer", "agg_mode")
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int | None, min_lr_ratio: float):
@@ -37,7 +50,7 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int | None, min_lr_
 
 
 class Trainer:
-    """Learns from experiences; owns the optimizer, LR schedule and the policy version."""
+    """Learns from experiences; owns the optimizer, LR schedule, the critic and the policy version."""
 
     def __init__(
         self,
@@ -46,6 +59,7 @@ class Trainer:
         *,
         pad_token_id: int,
         ref_model: Any = None,
+        critic: Any = None,
         lr: float = 1e-5,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -66,6 +80,7 @@ class Trainer:
         self.model = model
         self.algorithm = algorithm
         self.ref_model = ref_model
+        self.critic = critic
         self.pad_token_id = pad_token_id
         self.grad_clip = grad_clip
         self.micro_batch_tokens = micro_batch_tokens
@@ -93,127 +108,224 @@ class Trainer:
             self.version += 1
             return {"trainer/empty_batch": 1.0}
         start = time.perf_counter()
-        metrics: dict[str, float] = {}
-        advantages = self._advantages(experiences, metrics)
-        minis = self._prepare(experiences, advantages)
-        self.model.train()
         lr = self.optimizer.param_groups[0]["lr"]  # the LR this step trains with (before scheduler.step)
-        sums: dict[str, float] = {}
-        tokens = padded = 0
-        for _ in range(self.update_epochs):
-            for batches, normalizer in minis:
-                loss_total = 0.0
-                for batch in batches:
-                    loss, stats = self._micro_step(batch, normalizer)
-                    loss_total += float(loss)
-                    weight = float(batch.action_mask.sum())
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + v * weight
-                    sums["_weight"] = sums.get("_weight", 0.0) + weight
-                    tokens += batch.num_tokens
-                    padded += batch.padded_tokens
-                grad_norm = self._optimizer_step()
-                sums["loss"] = sums.get("loss", 0.0) + loss_total
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
-                sums["_opt_steps"] = sums.get("_opt_steps", 0.0) + 1
+        stats = _Sums()
+        if getattr(self.algorithm, "pairwise", False):
+            self._pair_updates(experiences, stats)
+        else:
+            minis = self._prepare(experiences, stats)
+            policy_on = self.critic is None or self.version >= self.critic.warmup_steps
+            for _ in range(self.update_epochs):
+                for batches, norms in minis:
+                    if policy_on:
+                        self._policy_update(batches, norms, stats)
+                    if self.critic is not None:
+                        a = self.algorithm
+                        stats.add_step(
+                            self.critic.update(
+                                batches, a.value_loss_fn, norms["normalizer"], a.loss_agg, a.critic_args
+                            )
+                        )
         self.version += 1
         elapsed = time.perf_counter() - start
-        opt_steps, weight = sums.pop("_opt_steps"), max(sums.pop("_weight"), 1.0)
-        for key, value in sums.items():
-            metrics[f"trainer/{key}"] = value / (opt_steps if key in ("loss", "grad_norm") else weight)
+        metrics = stats.result("trainer/")
         metrics.update(
             {
                 "trainer/lr": lr,
-                "trainer/tokens_per_second": tokens / max(elapsed, 1e-9),
-                "trainer/padding_fraction": 1.0 - tokens / max(padded, 1),
+                "trainer/tokens_per_second": stats.tokens / max(elapsed, 1e-9),
+                "trainer/padding_fraction": 1.0 - stats.tokens / max(stats.padded, 1),
                 "trainer/batch_size": float(len(experiences)),
                 "time/train_seconds": elapsed,
             }
         )
         return metrics
 
-    def _advantages(self, experiences: list[Experience], metrics: dict[str, float]) -> Tensor | None:
-        fn = self.algorithm.advantage_fn
+    # ------------------------------------------------------------------ preparing the inputs
+    def _prepare(
+        self, exps: list[Experience], stats: _Sums
+    ) -> list[tuple[list[MicroBatch], dict[str, float]]]:
+        """Mini-batches of collated micro-batches with every input their loss needs attached."""
+        algo = self.algorithm
+        width = max(e.response_length for e in exps)
+        minis = self._plan(exps)
+        batches = [b for mbs, _ in minis for b in mbs]
+        adv_names = set(algo.advantage_inputs)
+        loss_names = set(algo.loss_inputs) - set(STANDARD_LOSS_INPUTS)
+        step: dict[str, Tensor] = sample_inputs(
+            exps, tuple(n for n in SAMPLE_INPUTS if n in adv_names | loss_names)
+        )
+        token_names = (adv_names | loss_names) & set(TOKEN_INPUTS)
+        if self.critic is not None:
+            token_names |= {"token_rewards"}
+            step["values"] = self._assemble(batches, self.critic.values, len(exps), width)
+        step.update(token_inputs(exps, tuple(sorted(token_names)), width))
+        advantages = self._advantages(exps, step, stats)
+        for batch in batches:
+            rows, w = batch.rows, batch.targets.shape[1]
+            if advantages is not None:
+                batch.extras["advantages"] = slice_rows(advantages, rows, w).to(self.device)
+            for name in loss_names & set(step):
+                batch.extras[name] = slice_rows(step[name], rows, w).to(self.device)
+            if self.critic is not None:
+                batch.extras["old_values"] = slice_rows(step["values"], rows, w).to(self.device)
+                batch.extras["returns"] = slice_rows(step["returns"], rows, w).to(self.device)
+            self._attach_logprobs(batch)
+        return [(mbs, self._normalizers(mbs)) for mbs, _ in minis]
+
+    def _plan(self, exps: list[Experience]) -> list[tuple[list[MicroBatch], list[int]]]:
+        order = list(range(len(exps)))
+        if self.mini_batches > 1:
+            order = torch.randperm(len(exps), generator=self.rng).tolist()
+        size = math.ceil(len(order) / self.mini_batches)
+        minis = []
+        for start in range(0, len(order), size):
+            rows = order[start : start + size]
+            plan = plan_micro_batches([len(exps[i].tokens) for i in rows], self.micro_batch_tokens)
+            minis.append(
+                ([collate(exps, [rows[j] for j in p], self.pad_token_id, self.device) for p in plan], rows)
+            )
+        return minis
+
+    def _assemble(self, batches: list[MicroBatch], fn: Any, n: int, width: int) -> Tensor:
+        """Run ``fn(batch) -> [B_mb, R_mb]`` on every micro-batch; gather into a right-aligned ``[n, width]``."""
+        out = torch.zeros((n, width), dtype=torch.float32)
+        for batch in batches:
+            values = fn(batch).detach().float().cpu()
+            out[batch.rows, width - values.shape[1] :] = values
+        return out
+
+    def _advantages(self, exps: list[Experience], step: dict[str, Tensor], stats: _Sums) -> Tensor | None:
+        algo = self.algorithm
+        fn = algo.advantage_fn
         if fn is None:
             return None
-        missing = [e.id for e in experiences if e.reward is None]
+        missing = [e.id for e in exps if e.reward is None]
         if missing:
             raise ValueError(
                 f"{len(missing)} experiences have no reward yet (e.g. {missing[0]}); "
                 "the buffer must only hand out experiences whose reward is ready."
             )
-        rewards = torch.tensor([float(e.reward) for e in experiences], dtype=torch.float32)
-        seen: dict[str, int] = {}
-        groups = torch.tensor([seen.setdefault(e.group_id or e.id, len(seen)) for e in experiences])
-        adv, stats = fn(rewards, groups, **self.algorithm.advantage_args)
-        metrics.update({f"trainer/{k}": v for k, v in stats.items()})
-        return adv
-
-    def _prepare(
-        self, experiences: list[Experience], advantages: Tensor | None
-    ) -> list[tuple[list[MicroBatch], float]]:
-        """Split into mini-batches and micro-batches once; attach advantages, old and ref logprobs."""
-        order = (
-            torch.randperm(len(experiences), generator=self.rng).tolist()
-            if self.mini_batches > 1
-            else list(range(len(experiences)))
-        )
-        size = math.ceil(len(order) / self.mini_batches)
-        algo = self.algorithm
-        minis = []
-        for start in range(0, len(order), size):
-            rows = order[start : start + size]
-            plan = plan_micro_batches([len(experiences[i].tokens) for i in rows], self.micro_batch_tokens)
-            batches = [
-                collate(experiences, [rows[j] for j in p], self.pad_token_id, self.device) for p in plan
-            ]
-            for batch in batches:
-                if advantages is not None:
-                    batch.extras["advantages"] = advantages[batch.rows].to(self.device)
-                self._attach_logprobs(batch)
-            normalizer = algo.normalizer_fn(
-                [b.action_mask for b in batches], algo.loss_agg, max_response_length=self.max_response_length
+        base = sample_inputs(exps, ("rewards", "group_ids"))
+        extra = {k: step[k] for k in algo.advantage_inputs if k in step and k not in base}
+        adv, adv_stats = fn(base["rewards"], base["group_ids"], **extra, **algo.advantage_args)
+        stats.add_once(adv_stats)
+        if self.critic is not None:
+            token_rewards = step.get("token_rewards")
+            outcome = right_align(
+                [[0.0] * (e.response_length - 1) + [float(e.reward)] for e in exps], step["values"].shape[1]
             )
-            minis.append((batches, normalizer))
-        return minis
+            if token_rewards is None or not bool(token_rewards.any()):
+                token_rewards = outcome
+            gamma, lam = algo.advantage_args.get("gamma", 1.0), algo.advantage_args.get("lam", 1.0)
+            _, step["returns"] = algo.returns_fn(
+                token_rewards, step["values"], step["action_mask"], gamma, lam
+            )
+        return adv.float()
 
     @torch.no_grad()
     def _attach_logprobs(self, batch: MicroBatch) -> None:
-        needs_old = self.algorithm.advantage_fn is not None
-        if needs_old and (self.recompute_logprobs or batch.old_logprobs is None):
+        algo = self.algorithm
+        if algo.advantage_fn is not None and (self.recompute_logprobs or batch.old_logprobs is None):
             self.model.eval()
             batch.old_logprobs, _ = forward_logprobs(self.model, batch)
-        if self.algorithm.needs_ref:
+        if algo.needs_ref:
             if self.ref_model is None:
                 raise ValueError(
-                    "the algorithm has kl_coef > 0 but no reference model was given to the Trainer."
+                    "the algorithm needs reference logprobs (kl_coef > 0 or a reference-based loss) "
+                    "but no reference model was given to the Trainer."
                 )
             batch.extras["ref_logprobs"], _ = forward_logprobs(self.ref_model, batch)
 
-    def _micro_step(self, batch: MicroBatch, normalizer: float) -> tuple[Tensor, dict[str, float]]:
+    def _normalizers(self, batches: list[MicroBatch]) -> dict[str, float]:
         algo = self.algorithm
+        masks = [b.action_mask for b in batches]
+        if "expert_normalizer" in algo.loss_inputs:
+            flags = [b.extras["is_expert"] for b in batches]
+            n, n_exp = algo.split_normalizer_fn(
+                masks, flags, algo.loss_agg, max_response_length=self.max_response_length
+            )
+            return {"normalizer": n, "expert_normalizer": n_exp}
+        return {
+            "normalizer": algo.normalizer_fn(
+                masks, algo.loss_agg, max_response_length=self.max_response_length
+            )
+        }
+
+    # ------------------------------------------------------------------ updates
+    def _policy_update(self, batches: list[MicroBatch], norms: dict[str, float], stats: _Sums) -> None:
+        self.model.train()
+        total = 0.0
+        for batch in batches:
+            loss, micro = self._micro_step(batch, norms)
+            total += float(loss)
+            stats.add_tokens(micro, batch)
+        stats.add_step({"loss": total, "grad_norm": self._optimizer_step()})
+
+    def _micro_step(self, batch: MicroBatch, norms: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+        algo = self.algorithm
+        bonus = algo.entropy_coef > 0
+        want_entropy = self.entropy_metric or bonus
         logprobs, entropy = forward_logprobs(
-            self.model, batch, entropy_fn=algo.entropy_fn if self.entropy_metric else None
+            self.model, batch, entropy_fn=algo.entropy_fn if want_entropy else None, entropy_grad=bonus
         )
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+        mask = batch.action_mask
+        extras = {k: v for k, v in batch.extras.items() if k not in ("old_values", "returns")}
         loss, stats = algo.loss_fn(
             logprobs=logprobs,
             old_logprobs=old,
-            advantages=batch.extras.get("advantages"),
-            action_mask=batch.action_mask,
-            normalizer=normalizer,
+            action_mask=mask,
             agg_mode=algo.loss_agg,
+            **norms,
+            **{"advantages": None, **extras},
             **algo.loss_args,
         )
-        mask = batch.action_mask
-        if algo.needs_ref:
+        if algo.kl_coef > 0:
             kl = algo.kl_fn(logprobs, batch.extras["ref_logprobs"], algo.kl_estimator)
-            loss = loss + algo.kl_coef * algo.aggregate_fn(kl, mask, algo.loss_agg, normalizer)
+            loss = loss + algo.kl_coef * algo.aggregate_fn(kl, mask, algo.loss_agg, norms["normalizer"])
             stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+        if bonus:
+            term, _ = algo.entropy_bonus_fn(
+                entropy, mask, algo.entropy_coef, norms["normalizer"], algo.loss_agg
+            )
+            loss = loss + term
         if entropy is not None:
-            stats["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+            stats["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
         loss.backward()
         return loss.detach(), stats
+
+    def _pair_updates(self, exps: list[Experience], stats: _Sums) -> None:
+        """Preference pairs: rows sharing a ``group_id``, ``info["chosen"]`` True for the preferred one."""
+        algo = self.algorithm
+        pairs = _pairs(exps)
+        order = list(range(len(pairs)))
+        self.model.train()
+        for _ in range(self.update_epochs):
+            total = 0.0
+            for part in _chunks(
+                order, self.micro_batch_tokens, [len(exps[c].tokens) + len(exps[r].tokens) for c, r in pairs]
+            ):
+                rows = [i for p in part for i in pairs[p]]
+                batch = collate(exps, rows, self.pad_token_id, self.device)
+                with torch.no_grad():
+                    ref, _ = forward_logprobs(self.ref_model, batch)
+                logprobs, _ = forward_logprobs(self.model, batch)
+                seq, ref_seq = (
+                    algo.sequence_logps_fn(logprobs, batch.action_mask),
+                    algo.sequence_logps_fn(ref, batch.action_mask),
+                )
+                loss, micro = algo.loss_fn(
+                    seq[0::2],
+                    seq[1::2],
+                    ref_seq[0::2],
+                    ref_seq[1::2],
+                    normalizer=float(len(pairs)),
+                    **algo.loss_args,
+                )
+                loss.backward()
+                total += float(loss)
+                stats.add_tokens(micro, batch)
+            stats.add_step({"loss": total, "grad_norm": self._optimizer_step()})
 
     def _optimizer_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -226,15 +338,80 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": self.rng.get_state(),
             "version": self.version,
         }
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.rng.set_state(state["rng"])
         self.version = state["version"]
+        if self.critic is not None and "critic" in state:
+            self.critic.load_state_dict(state["critic"])
+
+
+def _pairs(exps: list[Experience]) -> list[tuple[int, int]]:
+    """(chosen, rejected) row indices, one pair per group_id."""
+    groups: dict[str, dict[bool, int]] = {}
+    for i, e in enumerate(exps):
+        groups.setdefault(e.group_id, {})[bool(e.info.get("chosen"))] = i
+    bad = [g for g, rows in groups.items() if set(rows) != {True, False}]
+    if bad:
+        raise ValueError(
+            f"preference group {bad[0]!r} does not hold exactly one chosen and one rejected row; "
+            "pairs share a group_id and carry info['chosen'] True / False."
+        )
+    return [(rows[True], rows[False]) for rows in groups.values()]
+
+
+def _chunks(order: list[int], budget: int, sizes: list[int]) -> list[list[int]]:
+    """Consecutive chunks of ``order`` whose padded size (count × longest) fits ``budget``."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * max(sizes[j] for j in current + [i]) > budget:
+            out.append(current)
+            current = []
+        current.append(i)
+    return out + ([current] if current else [])
+
+
+class _Sums:
+    """Accumulates metrics: token-weighted micro-batch stats, per-optimizer-step sums, once-per-step stats."""
+
+    def __init__(self) -> None:
+        self.weighted: dict[str, float] = {}
+        self.weight = 0.0
+        self.per_step: dict[str, float] = {}
+        self.steps: dict[str, int] = {}
+        self.once: dict[str, float] = {}
+        self.tokens = self.padded = 0
+
+    def add_tokens(self, stats: dict[str, float], batch: MicroBatch) -> None:
+        w = float(batch.action_mask.sum())
+        for k, v in stats.items():
+            self.weighted[k] = self.weighted.get(k, 0.0) + v * w
+        self.weight += w
+        self.tokens += batch.num_tokens
+        self.padded += batch.padded_tokens
+
+    def add_step(self, stats: dict[str, float]) -> None:
+        for k, v in stats.items():
+            self.per_step[k] = self.per_step.get(k, 0.0) + v
+            self.steps[k] = self.steps.get(k, 0) + 1
+
+    def add_once(self, stats: dict[str, float]) -> None:
+        self.once.update(stats)
+
+    def result(self, prefix: str) -> dict[str, float]:
+        out = {f"{prefix}{k}": v for k, v in self.once.items()}
+        out.update({f"{prefix}{k}": v / max(self.weight, 1.0) for k, v in self.weighted.items()})
+        out.update({f"{prefix}{k}": v / self.steps[k] for k, v in self.per_step.items()})
+        return out

@@ -2,11 +2,34 @@
 
 ``WORKFLOWS`` is the explicit table of built-ins; anything else is an import path
 ``"package.module:Class"`` whose instances implement :class:`~trine.workflows.base.Workflow`.
+
+- ``single_turn``: one prompt, ``repeat`` sampled answers scored by the task's reward
+  (``greedy_baseline=True`` adds ReMax's greedy baseline reward).
+- ``step_wise``: an agent in a text environment, one experience per step (``env=...``).
+- ``grid_world``: ``step_wise`` over the built-in grid world (rows from ``grid_world_tasks``).
 """
 
 from trine.workflows.base import RolloutModel, ScoreFn, Workflow, completion_experience
+from trine.workflows.envs import ENVIRONMENTS, GridWorld, grid_world_tasks
 from trine.workflows.single_turn import SingleTurnWorkflow
+from trine.workflows.step_wise import GridWorldWorkflow, StepWiseWorkflow
 
-WORKFLOWS = {"single_turn": SingleTurnWorkflow}
+WORKFLOWS = {
+    "single_turn": SingleTurnWorkflow,
+    "step_wise": StepWiseWorkflow,
+    "grid_world": GridWorldWorkflow,
+}
 
-__all__ = ["WORKFLOWS", "RolloutModel", "ScoreFn", "SingleTurnWorkflow", "Workflow", "completion_experience"]
+__all__ = [
+    "ENVIRONMENTS",
+    "WORKFLOWS",
+    "GridWorld",
+    "GridWorldWorkflow",
+    "RolloutModel",
+    "ScoreFn",
+    "SingleTurnWorkflow",
+    "StepWiseWorkflow",
+    "Workflow",
+    "completion_experience",
+    "grid_world_tasks",
+]

@@ -1,4 +1,10 @@
-"""Single-turn workflow: one chat prompt, a group of ``repeat`` sampled answers, one reward each."""
+"""Single-turn workflow: one chat prompt, a group of ``repeat`` sampled answers, one reward each.
+
+With ``greedy_baseline=True`` (ReMax, Li et al., arXiv 2310.10505) the workflow also asks for one
+greedy completion of the same prompt, concurrently with the samples, scores it with the same
+reward and stores that reward as ``info["baseline_reward"]`` in every returned experience (the
+greedy completion itself is not returned). The ``remax`` advantage reads it.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,22 @@ from trine.workflows.base import RolloutModel, ScoreFn, completion_experience
 
 
 class SingleTurnWorkflow:
-    """Chat-template the task, sample ``task.repeat`` responses, score each with the reward."""
+    """Chat-template the task, sample ``task.repeat`` responses, score each with the reward.
 
-    def __init__(self, reward: ScoreFn) -> None:
+    Args:
+        reward: ``await reward(response_text, task) -> (reward, parts)``.
+        greedy_baseline: also score one greedy (temperature 0, n=1) completion and store its
+            reward as ``info["baseline_reward"]`` (ReMax).
+    """
+
+    def __init__(self, reward: ScoreFn, greedy_baseline: bool = False) -> None:
         self.reward = reward
+        self.greedy_baseline = greedy_baseline
 
     async def run(self, task: Task, model: RolloutModel) -> list[Experience]:
+        """Sample, score and wrap ``task.repeat`` completions of the task's prompt."""
+        if self.greedy_baseline:
+            return await self._run_with_baseline(task, model)
         params = task.sampling.replace(n=task.repeat)
         completions = await model.chat(task.messages(), params)
         scores = await asyncio.gather(*(self.reward(c.text, task) for c in completions))
@@ -22,3 +38,21 @@ class SingleTurnWorkflow:
             completion_experience(c, reward, parts, params.temperature)
             for c, (reward, parts) in zip(completions, scores)
         ]
+
+    async def _run_with_baseline(self, task: Task, model: RolloutModel) -> list[Experience]:
+        params = task.sampling.replace(n=task.repeat)
+        greedy = task.sampling.replace(n=1, temperature=0.0)
+        messages = task.messages()
+        completions, greedy_completions = await asyncio.gather(
+            model.chat(messages, params), model.chat(messages, greedy)
+        )
+        texts = [c.text for c in completions] + [greedy_completions[0].text]
+        scores = await asyncio.gather(*(self.reward(text, task) for text in texts))
+        baseline = float(scores[-1][0])
+        out = []
+        for c, (reward, parts) in zip(completions, scores):
+            exp = completion_experience(c, reward, parts, params.temperature)
+            exp.info["baseline_reward"] = baseline
+            exp.info["baseline_response"] = greedy_completions[0].text
+            out.append(exp)
+        return out

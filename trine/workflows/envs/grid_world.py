@@ -1,0 +1,274 @@
+"""A small text grid world (FrozenLake-like) for step-wise RL, in pure Python.
+
+The agent starts on ``S`` and must reach the goal ``G`` without stepping on a hole ``H``; other
+cells are frozen ``F``. Layouts are drawn deterministically from ``(size, holes, seed)``, always
+with a path from start to goal. The observation is the grid as text (the agent shown as ``A``)
+plus a one-line instruction; the action is read from the model's reply::
+
+    env = GridWorld(size=4, seed=3, max_steps=8)
+    obs = env.reset()
+    obs, reward, done, info = env.step("I will go right")
+
+Rewards are sparse: 1.0 when the agent reaches ``G`` (episode ends), 0.0 otherwise; falling into a
+hole ends the episode with 0.0, and so does running out of ``max_steps``. :meth:`GridWorld.state_hash`
+identifies (layout, agent position), so equal states in different rollouts of one layout get equal
+hashes: GiGPO's anchor states.
+
+``grid_world_tasks`` makes taskset rows for the ``"grid_world"`` workflow, and
+``write_example_data`` writes ``examples/grid_world/data/{train,eval}.jsonl``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+ACTIONS: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+"""Action name -> (row delta, column delta)."""
+
+_ALIASES = {
+    "u": "up",
+    "d": "down",
+    "l": "left",
+    "r": "right",
+    "↑": "up",
+    "↓": "down",
+    "←": "left",
+    "→": "right",
+}
+_ACTION_RE = re.compile(
+    r"(?<![\w'])(up|down|left|right|u|d|l|r)(?![\w'])|([↑↓←→])",
+    re.IGNORECASE,
+)
+CELLS = "SFHG"
+
+INSTRUCTION = "You are A. Reach G, avoid H. Actions: up, down, left, right. Reply with one action."
+
+
+def parse_action(text: str) -> str | None:
+    """The last action named in ``text`` (``up/down/left/right``, ``U/D/L/R`` or an arrow), or None.
+
+    Matching is case-insensitive and on whole words, so ``"upper"`` or ``"I'd"`` name no action.
+    """
+    found = None
+    for match in _ACTION_RE.finditer(text or ""):
+        word = (match.group(1) or match.group(2)).lower()
+        found = _ALIASES.get(word, word)
+    return found
+
+
+def default_holes(size: int) -> int:
+    """The default number of holes: one per eight cells (at least one)."""
+    return max(1, size * size // 8)
+
+
+def make_layout(size: int, holes: int, seed: int) -> list[str]:
+    """A ``size`` x ``size`` layout (rows of ``S/F/H/G``) drawn deterministically from ``seed``.
+
+    Start and goal are distinct random cells; a random shortest (monotone) path joins them and the
+    holes are placed off that path, so the goal is always reachable.
+    """
+    if not isinstance(size, int) or size < 2:
+        raise ValueError(f"size={size!r}; expected an integer >= 2 (the grid is size x size).")
+    free = size * size - (2 * size - 1)  # cells off even the longest monotone path
+    if not isinstance(holes, int) or not 0 <= holes <= free:
+        raise ValueError(f"holes={holes!r}; expected an integer in [0, {free}] for size={size}.")
+    rng = random.Random(f"grid-world/{size}/{holes}/{seed}")  # str seeds are stable across processes
+    cells = [(r, c) for r in range(size) for c in range(size)]
+    start, goal = rng.sample(cells, 2)
+    path = _random_path(start, goal, rng)
+    holes_at = set(rng.sample([cell for cell in cells if cell not in path], holes))
+    grid = [["F"] * size for _ in range(size)]
+    for r, c in holes_at:
+        grid[r][c] = "H"
+    grid[start[0]][start[1]] = "S"
+    grid[goal[0]][goal[1]] = "G"
+    return ["".join(row) for row in grid]
+
+
+def _random_path(start: tuple[int, int], goal: tuple[int, int], rng: random.Random) -> set[tuple[int, int]]:
+    (r, c), (gr, gc) = start, goal
+    moves = [(1 if gr > r else -1, 0)] * abs(gr - r) + [(0, 1 if gc > c else -1)] * abs(gc - c)
+    rng.shuffle(moves)
+    path = {start}
+    for dr, dc in moves:
+        r, c = r + dr, c + dc
+        path.add((r, c))
+    return path
+
+
+def reachable(layout: list[str]) -> bool:
+    """Whether ``G`` can be reached from ``S`` without crossing ``H`` (breadth-first search)."""
+    size = len(layout)
+    start = next((r, row.index("S")) for r, row in enumerate(layout) if "S" in row)
+    seen, frontier = {start}, [start]
+    while frontier:
+        r, c = frontier.pop()
+        if layout[r][c] == "G":
+            return True
+        for dr, dc in ACTIONS.values():
+            nr, nc = r + dr, c + dc
+            if (
+                0 <= nr < size
+                and 0 <= nc < len(layout[nr])
+                and (nr, nc) not in seen
+                and layout[nr][nc] != "H"
+            ):
+                seen.add((nr, nc))
+                frontier.append((nr, nc))
+    return False
+
+
+class GridWorld:
+    """A FrozenLake-like text environment: ``reset() -> obs``, ``step(text) -> (obs, r, done, info)``.
+
+    Args:
+        size: the grid is ``size`` x ``size``.
+        holes: number of holes (default :func:`default_holes`).
+        seed: picks the layout; equal ``(size, holes, seed)`` give equal layouts in any process.
+        max_steps: the episode ends (reward 0) after this many actions, valid or not.
+        layout: explicit rows of ``S/F/H/G`` (one ``S``, one ``G``) instead of a drawn layout.
+    """
+
+    def __init__(
+        self,
+        size: int = 4,
+        holes: int | None = None,
+        seed: int = 0,
+        max_steps: int = 8,
+        layout: list[str] | None = None,
+    ) -> None:
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps={max_steps!r}; expected an integer >= 1.")
+        self.layout = (
+            _check_layout(layout)
+            if layout is not None
+            else make_layout(size, default_holes(size) if holes is None else holes, seed)
+        )
+        self.size = len(self.layout)
+        self.max_steps = max_steps
+        self.start = next((r, row.index("S")) for r, row in enumerate(self.layout) if "S" in row)
+        self.position = self.start
+        self.steps = 0
+        self.invalid_actions = 0
+        self.done = False
+
+    def reset(self) -> str:
+        """Put the agent back on ``S``; returns the first observation."""
+        self.position, self.steps, self.invalid_actions, self.done = self.start, 0, 0, False
+        return self.observation()
+
+    def observation(self) -> str:
+        """The grid (cells separated by spaces, the agent as ``A``) and the instruction."""
+        rows = []
+        for r, row in enumerate(self.layout):
+            cells = ["A" if (r, c) == self.position else cell for c, cell in enumerate(row)]
+            rows.append(" ".join(cells))
+        return "\n".join(rows) + "\n" + INSTRUCTION
+
+    def cell(self) -> str:
+        """The layout letter under the agent."""
+        r, c = self.position
+        return self.layout[r][c]
+
+    def state_hash(self) -> str:
+        """A stable hash of (layout, agent position): equal states give equal hashes across rollouts."""
+        key = "/".join(self.layout) + f"@{self.position[0]},{self.position[1]}"
+        return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+    def step(self, action_text: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Apply the last action named in ``action_text``; an unparseable reply does not move.
+
+        Moving off the grid leaves the agent in place (``info["bumped"]``). Returns
+        ``(observation, reward, done, info)``.
+        """
+        if self.done:
+            raise RuntimeError("step() after the episode ended; call reset() to start a new one.")
+        action = parse_action(action_text)
+        self.steps += 1
+        bumped = False
+        if action is None:
+            self.invalid_actions += 1
+        else:
+            dr, dc = ACTIONS[action]
+            r, c = self.position[0] + dr, self.position[1] + dc
+            if 0 <= r < self.size and 0 <= c < self.size:
+                self.position = (r, c)
+            else:
+                bumped = True
+        cell = self.cell()
+        success, fell = cell == "G", cell == "H"
+        self.done = success or fell or self.steps >= self.max_steps
+        info = {
+            "action": action,
+            "invalid_action": action is None,
+            "invalid_actions": self.invalid_actions,
+            "bumped": bumped,
+            "success": success,
+            "fell": fell,
+            "steps": self.steps,
+        }
+        return self.observation(), 1.0 if success else 0.0, self.done, info
+
+
+def _check_layout(layout: list[str]) -> list[str]:
+    rows = [str(row) for row in layout]
+    size = len(rows)
+    text = "".join(rows)
+    if (
+        size < 2
+        or any(len(row) != size for row in rows)
+        or set(text) - set(CELLS)
+        or text.count("S") != 1
+        or text.count("G") != 1
+    ):
+        raise ValueError(
+            f"layout={layout!r}; expected a square list of rows of {CELLS!r} letters with exactly one S "
+            "and one G, e.g. ['SF', 'HG']."
+        )
+    return rows
+
+
+def grid_world_tasks(
+    n: int, *, size: int = 4, seed: int = 0, max_steps: int = 8, holes: int | None = None
+) -> list[dict[str, Any]]:
+    """``n`` taskset rows for the ``"grid_world"`` workflow, layouts seeded ``seed .. seed + n - 1``.
+
+    Each row is ``{"question", "size", "seed", "holes", "max_steps"}``; ``question`` is a short
+    description (use ``prompt_key="question"``, ``answer_key=None``).
+    """
+    holes = default_holes(size) if holes is None else holes
+    return [
+        {
+            "question": f"Grid world {size}x{size}, layout {s}: walk from S to G without stepping on H.",
+            "size": size,
+            "seed": s,
+            "holes": holes,
+            "max_steps": max_steps,
+        }
+        for s in range(seed, seed + n)
+    ]
+
+
+def write_example_data(directory: str | Path = "examples/grid_world/data") -> list[Path]:
+    """Write the grid-world example data: 32 train and 16 eval 3x3 layouts (one hole), eval layouts
+    distinct from the train ones."""
+    train = grid_world_tasks(32, size=3, seed=0, max_steps=6, holes=1)
+    seen = {tuple(make_layout(r["size"], r["holes"], r["seed"])) for r in train}
+    eval_rows = []
+    for row in grid_world_tasks(200, size=3, seed=1000, max_steps=6, holes=1):
+        layout = tuple(make_layout(row["size"], row["holes"], row["seed"]))
+        if layout not in seen and len(eval_rows) < 16:
+            seen.add(layout)
+            eval_rows.append(row)
+    out = []
+    for name, rows in (("train", train), ("eval", eval_rows)):
+        path = Path(directory) / f"{name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        out.append(path)
+    return out
