@@ -223,6 +223,12 @@ class AlgorithmConfig(Section):
     """KL-to-reference loss coefficient (> 0 loads a frozen reference model)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs", "mse"] | None = None
     """KL estimator for the KL loss."""
+    kl_mode: Literal["loss", "reward"] | None = None
+    """Where the KL to the reference goes: a loss term, or a per-token penalty inside the reward."""
+    kl_target: float | None = None
+    """Adaptive KL coefficient: steer towards this KL per token (None: fixed coefficient)."""
+    kl_horizon: float | None = None
+    """Adaptive KL horizon in samples."""
     entropy_coef: float | None = None
     """Entropy bonus coefficient."""
 

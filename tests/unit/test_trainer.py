@@ -295,3 +295,19 @@ def test_several_optimizer_steps_per_batch(tiny_model_dir, tokenizer, experience
     assert adam_steps == {4}
     assert trainer.version == 1
     assert metrics["trainer/grad_norm"] > 0
+
+
+def test_kl_as_reward_penalty_with_adaptive_coefficient(tiny_model_dir, experiences):
+    """kl_mode=reward subtracts β·KL from the rewards (no loss term); kl_target moves β: the behaviour
+    logprobs differ from the reference, so the observed KL exceeds a tiny target and β grows."""
+    model = load_model(tiny_model_dir)
+    ref = load_model(tiny_model_dir).requires_grad_(False)
+    algo = PRESETS["grpo"].with_overrides(kl_coef=0.5, kl_mode="reward", kl_target=1e-6, kl_horizon=10.0)
+    trainer = Trainer(model, algo, pad_token_id=0, ref_model=ref, lr=1e-3, grad_clip=0)
+    metrics = trainer.step(experiences)
+    assert metrics["trainer/kl_in_reward"] > 0
+    assert "trainer/kl" not in metrics  # no KL loss term in reward mode
+    # e = clip(KL/target - 1, -0.2, 0.2) = 0.2 -> β = 0.5 * (1 + 0.2 * 5 samples / 10)
+    assert trainer.kl_coef == pytest.approx(0.5 * (1 + 0.2 * len(experiences) / 10.0))
+    assert metrics["trainer/kl_coef"] == pytest.approx(trainer.kl_coef)
+    assert trainer.state_dict()["kl_coef"] == trainer.kl_coef

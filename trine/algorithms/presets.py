@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from trine import registry
-from trine.algorithms.advantages_token import gae
+from trine.algorithms.advantages_token import gae, outcome_token_rewards
 from trine.algorithms.aggregation import aggregate, split_normalizer, step_normalizer
 from trine.algorithms.inputs import ADVANTAGE_INPUTS, LOSS_INPUTS, check_args, needed_inputs
-from trine.algorithms.kl import entropy_bonus, entropy_from_logits, kl_penalty
+from trine.algorithms.kl import adaptive_kl_coef, entropy_bonus, entropy_from_logits, kl_in_reward, kl_penalty
 from trine.algorithms.losses_extra import value_loss
 from trine.algorithms.losses_offpolicy import sequence_logps
 
@@ -33,6 +33,12 @@ class Algorithm:
     kl_coef: float = 0.0
     """Coefficient of the KL-to-reference loss term; > 0 loads a frozen reference model."""
     kl_estimator: str = "k3"
+    kl_mode: str = "loss"
+    """``loss``: a KL term in the loss; ``reward``: a per-token penalty subtracted from the rewards."""
+    kl_target: float | None = None
+    """Adaptive KL: move the coefficient towards this KL per token (Ziegler et al.); None = fixed."""
+    kl_horizon: float = 10000.0
+    """Adaptive KL horizon (in samples)."""
     entropy_coef: float = 0.0
     """Coefficient of an entropy bonus (subtracted from the loss)."""
     needs_critic: bool = False
@@ -85,6 +91,18 @@ class Algorithm:
     @property
     def aggregate_fn(self) -> Any:
         return aggregate
+
+    @property
+    def kl_in_reward_fn(self) -> Any:
+        return kl_in_reward
+
+    @property
+    def adaptive_kl_fn(self) -> Any:
+        return adaptive_kl_coef
+
+    @property
+    def outcome_token_rewards_fn(self) -> Any:
+        return outcome_token_rewards
 
     @property
     def split_normalizer_fn(self) -> Any:

@@ -100,6 +100,9 @@ class Trainer:
         )
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
+        self.kl_coef = float(algorithm.kl_coef)
+        """The KL coefficient in use (moves when the algorithm has an adaptive ``kl_target``)."""
+        self._observed_kl = 0.0
 
     # ------------------------------------------------------------------ the step
     def step(self, experiences: list[Experience]) -> dict[str, float]:
@@ -127,6 +130,7 @@ class Trainer:
                             )
                         )
         self.version += 1
+        self._adapt_kl(stats, len(experiences))
         elapsed = time.perf_counter() - start
         metrics = stats.result("trainer/")
         metrics.update(
@@ -159,6 +163,10 @@ class Trainer:
             token_names |= {"token_rewards"}
             step["values"] = self._assemble(batches, self.critic.values, len(exps), width)
         step.update(token_inputs(exps, tuple(sorted(token_names)), width))
+        for batch in batches:
+            self._attach_logprobs(batch)
+        if algo.needs_ref and algo.kl_mode == "reward":
+            self._kl_into_rewards(exps, batches, step, width, stats)
         advantages = self._advantages(exps, step, stats)
         for batch in batches:
             rows, w = batch.rows, batch.targets.shape[1]
@@ -169,7 +177,6 @@ class Trainer:
             if self.critic is not None:
                 batch.extras["old_values"] = slice_rows(step["values"], rows, w).to(self.device)
                 batch.extras["returns"] = slice_rows(step["returns"], rows, w).to(self.device)
-            self._attach_logprobs(batch)
         return [(mbs, self._normalizers(mbs)) for mbs, _ in minis]
 
     def _plan(self, exps: list[Experience]) -> list[tuple[list[MicroBatch], list[int]]]:
@@ -206,6 +213,7 @@ class Trainer:
                 "the buffer must only hand out experiences whose reward is ready."
             )
         base = sample_inputs(exps, ("rewards", "group_ids"))
+        base["rewards"] = step.get("shaped_rewards", base["rewards"])
         extra = {k: step[k] for k in algo.advantage_inputs if k in step and k not in base}
         adv, adv_stats = fn(base["rewards"], base["group_ids"], **extra, **algo.advantage_args)
         stats.add_once(adv_stats)
@@ -221,6 +229,35 @@ class Trainer:
                 token_rewards, step["values"], step["action_mask"], gamma, lam
             )
         return adv.float()
+
+    def _kl_into_rewards(
+        self,
+        exps: list[Experience],
+        batches: list[MicroBatch],
+        step: dict[str, Tensor],
+        width: int,
+        stats: _Sums,
+    ) -> None:
+        """KL as a reward penalty: ``r_t - β kl_t`` for token-level advantages, ``r - β Σ_t kl_t`` otherwise."""
+        algo = self.algorithm
+        kl = self._assemble(
+            batches,
+            lambda b: algo.kl_fn(b.old_logprobs, b.extras["ref_logprobs"], algo.kl_estimator),
+            len(exps),
+            width,
+        )
+        mask = self._assemble(batches, lambda b: b.action_mask, len(exps), width)
+        rewards = sample_inputs(exps, ("rewards",))["rewards"]
+        if "token_rewards" in algo.advantage_inputs:
+            tokens = (
+                step.get("token_rewards", torch.zeros_like(kl))
+                + algo.outcome_token_rewards_fn(rewards, mask).float()
+            )
+            step["token_rewards"], kl_stats = algo.kl_in_reward_fn(tokens, kl, self.kl_coef, mask)
+        else:
+            step["shaped_rewards"], kl_stats = algo.kl_in_reward_fn(rewards, kl, self.kl_coef, mask)
+        stats.add_once(kl_stats)
+        self._observed_kl = kl_stats["kl_in_reward"]
 
     @torch.no_grad()
     def _attach_logprobs(self, batch: MicroBatch) -> None:
@@ -280,9 +317,9 @@ class Trainer:
             **{"advantages": None, **extras},
             **algo.loss_args,
         )
-        if algo.kl_coef > 0:
+        if self.kl_coef > 0 and algo.kl_mode == "loss":
             kl = algo.kl_fn(logprobs, batch.extras["ref_logprobs"], algo.kl_estimator)
-            loss = loss + algo.kl_coef * algo.aggregate_fn(kl, mask, algo.loss_agg, norms["normalizer"])
+            loss = loss + self.kl_coef * algo.aggregate_fn(kl, mask, algo.loss_agg, norms["normalizer"])
             stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
         if bonus:
             term, _ = algo.entropy_bonus_fn(
@@ -327,6 +364,19 @@ class Trainer:
                 stats.add_tokens(micro, batch)
             stats.add_step({"loss": total, "grad_norm": self._optimizer_step()})
 
+    def _adapt_kl(self, stats: _Sums, samples: int) -> None:
+        """Adaptive KL (``kl_target``): move the coefficient towards the target KL per token."""
+        algo = self.algorithm
+        if algo.kl_target is None or self.kl_coef <= 0:
+            return
+        observed = (
+            stats.weighted.get("kl", 0.0) / max(stats.weight, 1.0)
+            if algo.kl_mode == "loss"
+            else self._observed_kl
+        )
+        self.kl_coef = algo.adaptive_kl_fn(self.kl_coef, observed, algo.kl_target, algo.kl_horizon, samples)
+        stats.add_once({"kl_coef": self.kl_coef})
+
     def _optimizer_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else float("inf"))
@@ -343,6 +393,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "rng": self.rng.get_state(),
             "version": self.version,
+            "kl_coef": self.kl_coef,
         }
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
@@ -353,6 +404,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.rng.set_state(state["rng"])
         self.version = state["version"]
+        self.kl_coef = state.get("kl_coef", self.kl_coef)
         if self.critic is not None and "critic" in state:
             self.critic.load_state_dict(state["critic"])
 
