@@ -151,53 +151,97 @@ class HFEngine:
         )
         width = ids.shape[1]
         mask = torch.cat([mask[expand], mask.new_zeros(len(expand), rows.max_new)], dim=-1)  # filled as we go
-        next_pos = pos[expand, -1] + 1
+        batch = _Batch(rows, mask, pos[expand, -1] + 1)
         state = _DecodeState(rows.size, rows.max_new, self.pad_id, device)
-        active = torch.arange(rows.size, device=device)  # row of each batch position
-        alive = torch.ones(rows.size, dtype=torch.bool, device=device)  # finished rows stay until compacted
         for t in range(rows.max_new):
-            tok, lp = self._pick(logits, rows, active)
-            live = alive.nonzero().squeeze(-1)
-            state.record(active[live], t, tok[live], lp[live])
-            alive[live[rows.finished(active[live], tok[live], t, state, self.tokenizer)]] = False
-            if not bool(alive.any()):
-                break
-            if 4 * int((~alive).sum()) >= len(alive):  # drop finished rows (and their cache) in bulk
-                keep = alive.nonzero().squeeze(-1)
-                active, tok, mask, next_pos, alive = (
-                    active[keep],
-                    tok[keep],
-                    mask[keep],
-                    next_pos[keep],
-                    alive[keep],
-                )
-                cache.batch_select_indices(keep)
-            mask[:, width + t] = 1
+            tok, lp = self._pick(logits, batch)
+            state.tokens[batch.active, t] = tok  # rows that already ended write past their length: ignored
+            state.logprobs[batch.active, t] = lp
+            ended, stopped = batch.ended(tok, t, state, self.tokenizer)
+            if bool(ended.any()):
+                rows_ended = batch.active[ended]
+                state.length[rows_ended] = t + 1
+                state.stopped[rows_ended] = stopped[ended]
+                batch.alive &= ~ended
+                batch.dead += int(ended.sum())
+                if batch.dead == len(batch.alive):
+                    break
+                if 4 * batch.dead >= len(batch.alive):  # drop ended rows (and their cache) in bulk
+                    keep = batch.compact()
+                    cache.batch_select_indices(keep)
+                    tok = tok[keep]
+            batch.mask[:, width + t] = 1
             out = self.model(
                 input_ids=tok[:, None],
-                attention_mask=mask[:, : width + t + 1],
-                position_ids=next_pos[:, None],
+                attention_mask=batch.mask[:, : width + t + 1],
+                position_ids=batch.next_pos[:, None],
                 past_key_values=cache,
                 use_cache=True,
             )
-            next_pos = next_pos + 1
+            batch.next_pos += 1
             logits = out.logits[:, -1].float()
         return state.completions(rows, self.tokenizer)
 
-    def _pick(self, logits: Tensor, rows: _RowParams, active: Tensor) -> tuple[Tensor, Tensor]:
-        temp = rows.temperature[active]
-        greedy = temp <= 0
-        logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temp)[:, None], dim=-1)
-        tok = logp.argmax(-1)
-        sampled = ~greedy
-        if bool(sampled.any()):
-            filt = _filter(logp, rows.top_k[active], rows.top_p[active]) if rows.any_filter else logp
-            probs = torch.softmax(filt, dim=-1)
-            draw = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-            for i, gen in rows.seeded(active):
-                draw[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
-            tok = torch.where(sampled, draw, tok)
+    def _pick(self, logits: Tensor, batch: _Batch) -> tuple[Tensor, Tensor]:
+        """Next token per row (greedy rows: argmax) and its logprob under ``logits / temperature``."""
+        logp = torch.log_softmax(logits / batch.temperature[:, None] if batch.any_sampled else logits, dim=-1)
+        if not batch.any_sampled:
+            tok = logp.argmax(-1)
+        else:
+            filtered = _filter(logp, batch.top_k, batch.top_p) if batch.any_filter else logp
+            tok = torch.multinomial(filtered.exp(), 1, generator=self.generator).squeeze(-1)
+            for i, gen in batch.seeded():
+                tok[i] = torch.multinomial(filtered[i].exp(), 1, generator=gen)[0]
+            if batch.any_greedy:
+                tok = torch.where(batch.greedy, logp.argmax(-1), tok)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+class _Batch:
+    """The rows currently in the decode batch, with their settings gathered once (re-gathered only
+    when ended rows are dropped)."""
+
+    def __init__(self, rows: _RowParams, mask: Tensor, next_pos: Tensor) -> None:
+        self.rows, self.mask, self.next_pos = rows, mask, next_pos
+        self.active = torch.arange(rows.size, device=mask.device)
+        self.alive = torch.ones(rows.size, dtype=torch.bool, device=mask.device)
+        self.dead = 0
+        self._gather(self.active)
+
+    def _gather(self, index: Tensor) -> None:
+        r = self.rows
+        self.greedy = r.temperature[index] <= 0
+        self.temperature = torch.where(self.greedy, 1.0, r.temperature[index])
+        self.top_k, self.top_p = r.top_k[index], r.top_p[index]
+        self.stop_ids, self.max_tokens = r.stop_ids[index], r.max_tokens[index]
+        self.min_max_tokens = int(self.max_tokens.min())
+        self.any_greedy = bool(self.greedy.any())
+        self.any_sampled = not bool(self.greedy.all())
+        self.any_filter = r.any_filter and bool(((self.top_k > 0) | (self.top_p < 1)).any())
+
+    def compact(self) -> Tensor:
+        keep = self.alive.nonzero().squeeze(-1)
+        self.active, self.mask, self.next_pos = self.active[keep], self.mask[keep], self.next_pos[keep]
+        self.alive, self.dead = self.alive[keep], 0
+        self._gather(self.active)
+        return keep
+
+    def seeded(self) -> list[tuple[int, torch.Generator]]:
+        gens = self.rows.generators
+        return [(i, gens[r]) for i, r in enumerate(self.active.tolist()) if r in gens] if gens else []
+
+    def ended(self, tok: Tensor, t: int, state: _DecodeState, tokenizer: Any) -> tuple[Tensor, Tensor]:
+        """(rows that end at step ``t``, which of them ended on a stop token/string)."""
+        stopped = (self.stop_ids == tok[:, None]).any(-1)
+        ended = stopped | (self.max_tokens <= t + 1) if t + 1 >= self.min_max_tokens else stopped.clone()
+        if self.rows.stop_strings:
+            for i, row in enumerate(self.active.tolist()):
+                strings = self.rows.stop_strings.get(row)
+                if strings and not bool(ended[i]):
+                    tail = tokenizer.decode(state.tokens[row, max(0, t - 15) : t + 1].tolist())
+                    if any(x in tail for x in strings):
+                        ended[i] = stopped[i] = True
+        return ended & self.alive, stopped
 
 
 def _filter(logp: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
@@ -237,34 +281,13 @@ class _RowParams:
             [s + [-1] * (width - len(s)) for s in stops], dtype=torch.long, device=device
         )
         self.stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
-        self._generators: dict[int, torch.Generator] = {}
+        self.generators: dict[int, torch.Generator] = {}
         counts: dict[int, int] = {}
         for i, p in enumerate(params):
             if p.seed is not None:
                 j = counts.setdefault(id(p), 0)
                 counts[id(p)] = j + 1
-                self._generators[i] = torch.Generator(device=device).manual_seed(p.seed + j)
-
-    def seeded(self, active: Tensor) -> list[tuple[int, torch.Generator]]:
-        if not self._generators:
-            return []
-        return [
-            (i, self._generators[int(r)]) for i, r in enumerate(active.tolist()) if int(r) in self._generators
-        ]
-
-    def finished(self, active: Tensor, tok: Tensor, t: int, state: _DecodeState, tokenizer: Any) -> Tensor:
-        is_stop = (self.stop_ids[active] == tok[:, None]).any(-1)
-        done = is_stop | (t + 1 >= self.max_tokens[active])
-        if self.stop_strings:
-            for i, row in enumerate(active.tolist()):
-                strings = self.stop_strings.get(row)
-                if strings and not bool(done[i]):
-                    tail = tokenizer.decode(state.tokens[row, max(0, t - 15) : t + 1].tolist())
-                    if any(s in tail for s in strings):
-                        done[i] = True
-                        is_stop[i] = True
-        state.finish(active[done], t, is_stop[done])
-        return done
+                self.generators[i] = torch.Generator(device=device).manual_seed(p.seed + j)
 
 
 class _DecodeState:
@@ -275,14 +298,6 @@ class _DecodeState:
         self.logprobs = torch.zeros((size, max_new), dtype=torch.float32, device=device)
         self.length = torch.full((size,), max_new, dtype=torch.long, device=device)
         self.stopped = torch.zeros((size,), dtype=torch.bool, device=device)
-
-    def record(self, active: Tensor, t: int, tok: Tensor, lp: Tensor) -> None:
-        self.tokens[active, t] = tok
-        self.logprobs[active, t] = lp
-
-    def finish(self, rows: Tensor, t: int, stopped: Tensor) -> None:
-        self.length[rows] = t + 1
-        self.stopped[rows] = stopped
 
     def completions(self, rows: _RowParams, tokenizer: Any) -> list[Completion]:
         tokens, logprobs = self.tokens.cpu().tolist(), self.logprobs.cpu().tolist()
