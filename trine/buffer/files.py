@@ -23,13 +23,11 @@ from __future__ import annotations
 import collections
 import json
 import os
-import threading
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from trine.buffer.base import BufferTimeout
+from trine.buffer.memory import MemoryBuffer
 from trine.types import Experience
 
 _SUFFIXES = (".jsonl", ".parquet")
@@ -123,7 +121,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-class FileBuffer:
+class FileBuffer(MemoryBuffer):
     """A buffer kept as an append-only jsonl log (format in the module docstring).
 
     Every put, reward, consumption and stale drop is appended (and flushed) before it takes
@@ -135,16 +133,11 @@ class FileBuffer:
     """
 
     def __init__(self, path: str | os.PathLike[str] = "buffer.jsonl", *, fsync: bool = False) -> None:
+        super().__init__()
         self.path = Path(path)
         if self.path.suffix != ".jsonl":
             raise ValueError(f"FileBuffer path={str(self.path)!r}: expected a '.jsonl' file.")
         self.fsync = fsync
-        self._ready: collections.deque[Experience] = collections.deque()
-        self._pending: dict[str, Experience] = {}
-        self._cond = threading.Condition()
-        self._closed = False
-        self.dropped_stale = 0
-        self.consumed = 0
         if self.path.exists():
             self._replay()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,108 +157,16 @@ class FileBuffer:
                 else:
                     self.dropped_stale += len(gone)
 
-    def _append(self, records: list[dict[str, Any]]) -> None:
+    def _journal(self, records: list[dict[str, Any]]) -> None:
+        """Append the change to the log (flushed, optionally fsynced) before it takes effect."""
+        if not records:
+            return
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         with self.path.open("a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             if self.fsync:
                 os.fsync(f.fileno())
-
-    def _add(self, e: Experience) -> None:
-        if e.reward is None:
-            self._pending[e.id] = e
-        else:
-            self._ready.append(e)
-
-    def _fill(self, exp_id: str, reward: float) -> None:
-        e = self._pending.pop(exp_id, None)
-        if e is None:  # a log edited by hand: nothing pending under that id
-            return
-        e.reward = float(reward)
-        self._ready.append(e)
-
-    def put(self, experiences: list[Experience]) -> None:
-        """Append experiences (``reward=None`` ones wait as pending)."""
-        for e in experiences:
-            e.check()
-        with self._cond:
-            self._append([e.to_dict() for e in experiences])
-            for e in experiences:
-                self._add(e)
-            self._cond.notify_all()
-
-    def set_rewards(self, rewards: dict[Any, float]) -> int:
-        """Fill pending rewards by experience id or ``(task_id, run_id)``; returns how many filled."""
-        with self._cond:
-            updates: dict[str, float] = {}
-            for key, reward in rewards.items():
-                if isinstance(key, str):
-                    if key in self._pending:
-                        updates[key] = float(reward)
-                elif isinstance(key, (tuple, list)) and len(key) == 2:
-                    for e in self._pending.values():
-                        if (e.task_id, e.run_id) == tuple(key):
-                            updates[e.id] = float(reward)
-                else:
-                    raise TypeError(
-                        f"set_rewards key {key!r}: expected an experience id (str) or a (task_id, run_id) pair."
-                    )
-            self._append([{"_event": "reward", "id": i, "reward": r} for i, r in updates.items()])
-            for exp_id, reward in updates.items():
-                self._fill(exp_id, reward)
-            self._cond.notify_all()
-            return len(updates)
-
-    def get(
-        self, n: int, *, min_version: int | None = None, timeout: float | None = None
-    ) -> list[Experience]:
-        """Take ``n`` trainable experiences, oldest first (the MemoryBuffer rule), or raise BufferTimeout."""
-        if n <= 0:
-            raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                self._drop_stale(min_version)
-                if len(self._ready) >= n:
-                    out = [self._ready[i] for i in range(n)]
-                    self._append([{"_event": "consumed", "ids": [e.id for e in out]}])
-                    for _ in range(n):
-                        self._ready.popleft()
-                    self.consumed += n
-                    return out
-                if self._closed:
-                    raise BufferTimeout(
-                        f"buffer closed with {len(self._ready)} of {n} requested experiences ready"
-                    )
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise BufferTimeout(
-                        f"only {len(self._ready)} of {n} experiences were ready after {timeout}s "
-                        f"({len(self._pending)} pending a reward); raise buffer.get_timeout or check the explorer."
-                    )
-                self._cond.wait(remaining)
-
-    def _drop_stale(self, min_version: int | None) -> None:
-        if min_version is None:
-            return
-        stale = [e.id for e in self._ready if e.policy_version < min_version]
-        if stale:
-            self._append([{"_event": "dropped", "ids": stale}])
-            self._ready = collections.deque(e for e in self._ready if e.policy_version >= min_version)
-            self.dropped_stale += len(stale)
-
-    def __len__(self) -> int:
-        return len(self._ready)
-
-    def metrics(self) -> dict[str, float]:
-        """``buffer/size``, ``buffer/pending`` and ``buffer/dropped_stale``."""
-        with self._cond:
-            return {
-                "buffer/size": float(len(self._ready)),
-                "buffer/pending": float(len(self._pending)),
-                "buffer/dropped_stale": float(self.dropped_stale),
-            }
 
     def state_dict(self) -> dict[str, Any]:
         """The log file is the state; this records its path and the counters."""
@@ -277,9 +178,3 @@ class FileBuffer:
         with self._cond:
             self.consumed = int(state.get("consumed", self.consumed))
             self.dropped_stale = int(state.get("dropped_stale", self.dropped_stale))
-
-    def close(self) -> None:
-        """Stop waiting ``get`` calls (the file is closed after every write already)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()

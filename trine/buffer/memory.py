@@ -1,4 +1,12 @@
-"""In-memory buffer: a thread-safe FIFO queue (the default for sync runs)."""
+"""In-memory buffer: a thread-safe FIFO queue (the default for sync runs).
+
+:class:`MemoryBuffer` holds the buffer semantics every storage follows: ``put`` queues trainable
+experiences and keeps ``reward=None`` ones pending; ``set_rewards`` fills pending ones (by id or by
+``(task_id, run_id)``); ``get(n)`` takes exactly ``n`` trainable experiences, oldest first, after
+dropping (and counting) those older than ``min_version``, or raises ``BufferTimeout`` consuming
+nothing. Subclasses that persist the state (:class:`~trine.buffer.files.FileBuffer`) override
+:meth:`MemoryBuffer._journal`, which sees every change before it takes effect.
+"""
 
 from __future__ import annotations
 
@@ -26,36 +34,60 @@ class MemoryBuffer:
         self.dropped_stale = 0
         self.consumed = 0
 
+    def _journal(self, records: list[dict[str, Any]]) -> None:
+        """Record a change before it takes effect (no-op here; persistent subclasses write it)."""
+
     def put(self, experiences: list[Experience]) -> None:
+        """Store experiences (those with ``reward=None`` wait as pending)."""
         for e in experiences:
             e.check()
         with self._cond:
+            self._journal([e.to_dict() for e in experiences])
             for e in experiences:
-                if e.reward is None:
-                    self._pending[e.id] = e
-                else:
-                    self._ready.append(e)
+                self._add(e)
             if self.capacity is not None:
                 while len(self._ready) > self.capacity:
                     self._ready.popleft()
             self._cond.notify_all()
 
-    def set_rewards(self, rewards: dict[str, float]) -> int:
-        """Fill in pending rewards by experience id; returns how many became trainable."""
+    def _add(self, e: Experience) -> None:
+        if e.reward is None:
+            self._pending[e.id] = e
+        else:
+            self._ready.append(e)
+
+    def _fill(self, exp_id: str, reward: float) -> None:
+        e = self._pending.pop(exp_id, None)
+        if e is not None:
+            e.reward = float(reward)
+            self._ready.append(e)
+
+    def set_rewards(self, rewards: dict[Any, float]) -> int:
+        """Fill pending rewards by experience id or ``(task_id, run_id)``; returns how many filled."""
         with self._cond:
-            done = 0
-            for exp_id, reward in rewards.items():
-                e = self._pending.pop(exp_id, None)
-                if e is not None:
-                    e.reward = float(reward)
-                    self._ready.append(e)
-                    done += 1
+            updates: dict[str, float] = {}
+            for key, reward in rewards.items():
+                if isinstance(key, str):
+                    if key in self._pending:
+                        updates[key] = float(reward)
+                elif isinstance(key, (tuple, list)) and len(key) == 2:
+                    for e in self._pending.values():
+                        if (e.task_id, e.run_id) == tuple(key):
+                            updates[e.id] = float(reward)
+                else:
+                    raise TypeError(
+                        f"set_rewards key {key!r}: expected an experience id (str) or a (task_id, run_id) pair."
+                    )
+            self._journal([{"_event": "reward", "id": i, "reward": r} for i, r in updates.items()])
+            for exp_id, reward in updates.items():
+                self._fill(exp_id, reward)
             self._cond.notify_all()
-            return done
+            return len(updates)
 
     def get(
         self, n: int, *, min_version: int | None = None, timeout: float | None = None
     ) -> list[Experience]:
+        """Take ``n`` trainable experiences, oldest first, or raise :class:`BufferTimeout`."""
         if n <= 0:
             raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -63,7 +95,10 @@ class MemoryBuffer:
             while True:
                 self._drop_stale(min_version)
                 if len(self._ready) >= n:
-                    out = [self._ready.popleft() for _ in range(n)]
+                    out = [self._ready[i] for i in range(n)]
+                    self._journal([{"_event": "consumed", "ids": [e.id for e in out]}])
+                    for _ in range(n):
+                        self._ready.popleft()
                     self.consumed += n
                     return out
                 if self._closed:
@@ -80,16 +115,19 @@ class MemoryBuffer:
 
     def _drop_stale(self, min_version: int | None) -> None:
         # Not only the head: a pending reward filled in late puts an old version behind newer ones.
-        if min_version is None or all(e.policy_version >= min_version for e in self._ready):
+        if min_version is None:
             return
-        fresh = [e for e in self._ready if e.policy_version >= min_version]
-        self.dropped_stale += len(self._ready) - len(fresh)
-        self._ready = collections.deque(fresh)
+        stale = [e.id for e in self._ready if e.policy_version < min_version]
+        if stale:
+            self._journal([{"_event": "dropped", "ids": stale}])
+            self._ready = collections.deque(e for e in self._ready if e.policy_version >= min_version)
+            self.dropped_stale += len(stale)
 
     def __len__(self) -> int:
         return len(self._ready)
 
     def metrics(self) -> dict[str, float]:
+        """``buffer/size``, ``buffer/pending`` and ``buffer/dropped_stale``."""
         with self._cond:
             return {
                 "buffer/size": float(len(self._ready)),
@@ -114,6 +152,7 @@ class MemoryBuffer:
             self.consumed = state["consumed"]
 
     def close(self) -> None:
+        """Stop waiting ``get`` calls."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trine.types import Completion, Experience, Task, new_id
-from trine.workflows.base import RolloutModel, ScoreFn
+from trine.workflows.base import RolloutModel, ScoreFn, completion_experience
 from trine.workflows.envs import ENVIRONMENTS
 from trine.workflows.envs.grid_world import GridWorld
 
@@ -158,20 +158,8 @@ def _named_params(factory: Callable[..., Any]) -> set[str]:
 def _step_experience(
     completion: Completion, reward: float, task: Task, run_id: str, step: int, state: str, temperature: float
 ) -> Experience:
-    return Experience(
-        tokens=completion.prompt_ids + completion.response_ids,
-        prompt_length=len(completion.prompt_ids),
-        action_mask=[1] * len(completion.response_ids),
-        logprobs=list(completion.logprobs),
-        reward=reward,
-        task_id=task.task_id,
-        run_id=run_id,
-        step=step,
-        info={
-            "env_state_hash": state,
-            "step_reward": reward,
-            "response": completion.text,
-            "finish_reason": completion.finish_reason,
-            "temperature": temperature,
-        },
-    )
+    exp = completion_experience(completion, reward, {}, temperature)
+    exp.task_id, exp.run_id, exp.step = task.task_id, run_id, step
+    del exp.info["reward_parts"]
+    exp.info.update({"env_state_hash": state, "step_reward": reward})
+    return exp
