@@ -16,6 +16,13 @@ app = typer.Typer(
     help="Trine: reinforcement fine-tuning of language models (explorer → buffer → trainer).",
 )
 
+
+def _buffer_commands() -> typer.Typer:
+    from trine.cli_buffer import buffer_app
+
+    return buffer_app
+
+
 PLUGIN_HELP = "Python file(s) to load first; their @trine.register(...) plugins become valid names."
 
 
@@ -121,6 +128,9 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
+
+
+app.add_typer(_buffer_commands(), name="buffer")
 
 
 def main() -> None:  # pragma: no cover

@@ -1,0 +1,127 @@
+"""Reading a run's stored experiences for inspection (``trine buffer ...``), whatever the storage.
+
+Every experience comes back with its status: ``pending`` (reward not known yet), ``ready``
+(trainable, not taken), ``consumed`` (handed to the trainer) or ``dropped`` (stale). SQL storages are
+read through their documented table (:mod:`trine.buffer.sql_schema`), file storages by replaying their
+log, and in-memory buffers from the run's last checkpoint (which holds what was not trained yet).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trine.types import Experience
+
+STATUSES = ("pending", "ready", "consumed", "dropped")
+
+
+def run_buffer_config(run_dir: str | Path) -> dict[str, Any]:
+    """The ``buffer`` section of a run's resolved ``config.yaml`` (first stage when there are several)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; pass a run directory written by `trine run`.")
+    data = yaml.safe_load(path.read_text()) or {}
+    stages = data.get("stages") or [data]
+    return dict(stages[0].get("buffer") or {})
+
+
+def open_run_buffer(run_dir: str | Path) -> Any:
+    """The run's persistent buffer object (SQL or file storage), for writing rewards or importing."""
+    from trine.buffer.files import FileBuffer
+    from trine.buffer.sql import SQLBuffer
+
+    cfg, run_dir = run_buffer_config(run_dir), Path(run_dir)
+    storage = cfg.get("storage", "memory")
+    if storage in ("sql", "sqlite"):
+        return SQLBuffer(cfg.get("url") or f"sqlite:///{run_dir / 'buffer.db'}")
+    if storage == "file":
+        return FileBuffer(run_dir / "buffer.jsonl")
+    raise ValueError(
+        f"the run in {run_dir} keeps its buffer in memory (buffer.storage={storage!r}); rewards and imports "
+        "need a persistent storage: set buffer.storage: sql (or file) in the config."
+    )
+
+
+def read_rows(run_dir: str | Path) -> list[tuple[Experience, str]] | None:
+    """Every stored experience of a run with its status, oldest first (None for an in-memory buffer,
+    which only its checkpoints keep: see :func:`rows_from_state`)."""
+    cfg, run_dir = run_buffer_config(run_dir), Path(run_dir)
+    storage = cfg.get("storage", "memory")
+    if storage in ("sql", "sqlite"):
+        return _sql_rows(cfg.get("url") or f"sqlite:///{run_dir / 'buffer.db'}")
+    if storage == "file":
+        return _file_rows(run_dir / "buffer.jsonl")
+    return None
+
+
+def _sql_rows(url: str) -> list[tuple[Experience, str]]:
+    import sqlalchemy as sa
+
+    from trine.buffer.sql import normalize_url
+    from trine.buffer.sql_schema import build_table, row_to_experience
+
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        if not sa.inspect(engine).has_table("experiences"):
+            return []
+        table = build_table(sa.MetaData(), "experiences")
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(table).order_by(table.c.seq)).fetchall()
+    finally:
+        engine.dispose()
+    out = []
+    for row in rows:
+        status = (
+            row.reward_status if row.consumed_at is None or row.reward_status == "dropped" else "consumed"
+        )
+        out.append((row_to_experience(row), status))
+    return out
+
+
+def _file_rows(path: Path) -> list[tuple[Experience, str]]:
+    from trine.buffer.files import _read_jsonl
+
+    if not path.is_file():
+        return []
+    exps: dict[str, Experience] = {}
+    status: dict[str, str] = {}
+    for record in _read_jsonl(path):
+        event = record.get("_event")
+        if event is None:
+            e = Experience.from_dict(record)
+            exps[e.id] = e
+            status[e.id] = "pending" if e.reward is None else "ready"
+        elif event == "reward" and record["id"] in exps:
+            exps[record["id"]].reward = float(record["reward"])
+            status[record["id"]] = "ready"
+        elif event in ("consumed", "dropped"):
+            for i in record["ids"]:
+                status[i] = event
+    return [(e, status[i]) for i, e in exps.items()]
+
+
+def rows_from_state(state: dict[str, Any]) -> list[tuple[Experience, str]]:
+    """The experiences a checkpointed :class:`~trine.buffer.memory.MemoryBuffer` state holds."""
+    rows = [(Experience.from_dict(d), "ready") for d in state.get("ready", [])]
+    return rows + [(Experience.from_dict(d), "pending") for d in state.get("pending", [])]
+
+
+def reward_histogram(rewards: list[float], bins: int = 10, width: int = 40) -> list[str]:
+    """Lines of a text histogram: ``[lo, hi)  count  ████``."""
+    if not rewards:
+        return ["(no rewards)"]
+    lo, hi = min(rewards), max(rewards)
+    if hi == lo:
+        return [f"{lo:>8.3g}          {len(rewards):>6}  " + "█" * width]
+    step = (hi - lo) / bins
+    counts = [0] * bins
+    for r in rewards:
+        counts[min(bins - 1, int((r - lo) / step))] += 1
+    top = max(counts)
+    return [
+        f"[{lo + i * step:>7.3g}, {lo + (i + 1) * step:>7.3g})  {c:>6}  " + "█" * round(width * c / top)
+        for i, c in enumerate(counts)
+    ]

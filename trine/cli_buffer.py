@@ -1,0 +1,183 @@
+"""``trine buffer stats|head|export|import|reward RUN_DIR``: look into and feed a run's buffer."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import typer
+
+buffer_app = typer.Typer(no_args_is_help=True, help="Inspect and feed a run's experience buffer.")
+
+RUN_DIR = typer.Argument(..., help="A run directory written by `trine run`.")
+
+
+def _rows(run_dir: Path, status: str | None = None):
+    from trine.buffer.inspect import STATUSES, read_rows
+
+    if status is not None and status not in STATUSES:
+        raise typer.BadParameter(f"--status {status!r}; expected one of {', '.join(STATUSES)}")
+    try:
+        rows = read_rows(run_dir)
+    except FileNotFoundError as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    if rows is None:  # an in-memory buffer: what its last checkpoint kept
+        from trine.buffer.inspect import rows_from_state
+        from trine.trainer.checkpoint import list_checkpoints, load_states
+
+        found = list_checkpoints(run_dir / "checkpoints")
+        rows = rows_from_state(load_states(found[-1])[1].get("buffer") or {}) if found else []
+    return [(e, s) for e, s in rows if status is None or s == status]
+
+
+@buffer_app.command()
+def stats(run_dir: Path = RUN_DIR) -> None:
+    """Counts by status and by policy version, rewards and lengths, a reward histogram."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trine.buffer.inspect import STATUSES, reward_histogram
+
+    rows = _rows(run_dir)
+    console = Console()
+    by_status = Counter(s for _, s in rows)
+    table = Table(title=f"{run_dir}: {len(rows)} experiences")
+    for col in ("status", "count", "reward mean", "response length mean"):
+        table.add_column(col, justify="left" if col == "status" else "right")
+    for status in STATUSES:
+        chosen = [e for e, s in rows if s == status]
+        rewards = [e.reward for e in chosen if e.reward is not None]
+        table.add_row(
+            status,
+            str(by_status.get(status, 0)),
+            f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
+            f"{sum(e.response_length for e in chosen) / len(chosen):.1f}" if chosen else "-",
+        )
+    console.print(table)
+    versions = Table(title="by policy version")
+    versions.add_column("version", justify="right")
+    for status in STATUSES:
+        versions.add_column(status, justify="right")
+    for v in sorted({e.policy_version for e, _ in rows}):
+        counts = Counter(s for e, s in rows if e.policy_version == v)
+        versions.add_row(str(v), *(str(counts.get(s, 0)) for s in STATUSES))
+    console.print(versions)
+    console.print("reward histogram")
+    for line in reward_histogram([e.reward for e, _ in rows if e.reward is not None]):
+        console.print("  " + line)
+
+
+@buffer_app.command()
+def head(
+    run_dir: Path = RUN_DIR,
+    n: int = typer.Option(5, "-n", help="How many experiences."),
+    bottom: bool = typer.Option(False, "--bottom", help="Lowest rewards instead of highest."),
+    status: str = typer.Option(None, help="Only this status (pending, ready, consumed, dropped)."),
+) -> None:
+    """The top (or bottom) experiences by reward, decoded to text."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = [(e, s) for e, s in _rows(run_dir, status) if e.reward is not None or status == "pending"]
+    rows.sort(key=lambda r: r[0].reward if r[0].reward is not None else 0.0, reverse=not bottom)
+    tokenizer = _tokenizer(run_dir)
+    table = Table(title=f"{'bottom' if bottom else 'top'} {n} by reward", show_lines=True)
+    for col in ("reward", "status", "version", "prompt", "response"):
+        table.add_column(col)
+    for e, s in rows[:n]:
+        prompt = (
+            tokenizer.decode(e.tokens[: e.prompt_length]) if tokenizer else str(e.tokens[: e.prompt_length])
+        )
+        response = tokenizer.decode(e.response_tokens) if tokenizer else e.info.get("response", "")
+        table.add_row(
+            "-" if e.reward is None else f"{e.reward:.3f}", s, str(e.policy_version), prompt, response
+        )
+    Console().print(table)
+
+
+@buffer_app.command("export")
+def export(
+    run_dir: Path = RUN_DIR,
+    out: Path = typer.Argument(..., help="A .jsonl or .parquet file to write."),
+    status: str = typer.Option(None, help="Only this status."),
+) -> None:
+    """Write the run's experiences to jsonl or parquet (the format of trine.buffer.files)."""
+    from trine.buffer.files import export_experiences
+
+    count = export_experiences([e for e, _ in _rows(run_dir, status)], out)
+    typer.echo(f"wrote {count} experiences to {out}")
+
+
+@buffer_app.command("import")
+def import_(
+    run_dir: Path = RUN_DIR,
+    source: Path = typer.Argument(..., help="A .jsonl or .parquet file of experiences."),
+) -> None:
+    """Add experiences from a file to the run's (SQL or file) buffer."""
+    from trine.buffer.files import import_experiences
+    from trine.buffer.inspect import open_run_buffer
+
+    experiences = import_experiences(source)
+    buffer = _open(run_dir, open_run_buffer)
+    buffer.put(experiences)
+    buffer.close()
+    typer.echo(f"imported {len(experiences)} experiences into {run_dir}")
+
+
+@buffer_app.command()
+def reward(
+    run_dir: Path = RUN_DIR,
+    rewards: Path = typer.Argument(
+        ..., help='jsonl rows {"id": ..., "reward": r} or {"task_id", "run_id", "reward"}.'
+    ),
+) -> None:
+    """Fill in pending rewards; those experiences become trainable."""
+    from trine.buffer.inspect import open_run_buffer
+
+    updates: dict = {}
+    for i, line in enumerate(rewards.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "reward" not in row or not ("id" in row or {"task_id", "run_id"} <= set(row)):
+            typer.secho(
+                f"{rewards}:{i}: expected keys 'reward' and 'id' (or 'task_id' + 'run_id'), got {sorted(row)}",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(2)
+        updates[row["id"] if "id" in row else (row["task_id"], row["run_id"])] = float(row["reward"])
+    buffer = _open(run_dir, open_run_buffer)
+    filled = buffer.set_rewards(updates)
+    buffer.close()
+    typer.echo(f"filled {filled} of {len(updates)} rewards in {run_dir}")
+
+
+def _open(run_dir: Path, opener):
+    try:
+        return opener(run_dir)
+    except (ValueError, FileNotFoundError) as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
+def _tokenizer(run_dir: Path):
+    """The run's tokenizer: from its last checkpoint, else from the model path in its config."""
+    import yaml
+
+    from trine.models import load_tokenizer
+    from trine.trainer.checkpoint import list_checkpoints
+
+    found = list_checkpoints(run_dir / "checkpoints")
+    candidates = [found[-1]] if found else []
+    data = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    first = (data.get("stages") or [data])[0]
+    candidates.append(Path((first.get("model") or {}).get("path", "")))
+    for path in candidates:
+        try:
+            return load_tokenizer(path)
+        except (OSError, FileNotFoundError, ValueError):
+            continue
+    return None
