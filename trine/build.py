@@ -71,17 +71,31 @@ def build_algorithm(cfg: RunConfig) -> Any:
 def build_taskset(ts: TasksetConfig, extra_workflow_args: dict[str, Any] | None = None) -> Any:
     from trine.tasks import TaskSet
 
-    kwargs = ts.model_dump(exclude={"response_key", "chosen_key", "rejected_key"})
+    kwargs = ts.model_dump(exclude={"response_key", "chosen_key", "rejected_key", "weight"})
     kwargs["sampling"] = ts.sampling.model_dump()
     kwargs["workflow_args"] = {**ts.workflow_args, **(extra_workflow_args or {})}
     return TaskSet(**kwargs)
 
 
-def total_steps_of(cfg: RunConfig, taskset_size: int) -> int:
+def build_task_scheduler(cfg: RunConfig, tasksets: list[Any]) -> Any:
+    """The ``tasks → explorer`` scheduler: one taskset, several mixed by weight, or a curriculum."""
+    from trine.tasks import build_scheduler
+
     t = cfg.tasks
-    if t.total_steps is not None:
-        return t.total_steps
-    return (taskset_size * t.epochs + t.batch_size - 1) // t.batch_size
+    weights = None
+    if len(tasksets) > 1 and any(x.weight is not None for x in [t.train, *t.mix]):
+        weights = [1.0 if x.weight is None else x.weight for x in [t.train, *t.mix]]
+    return build_scheduler(
+        tasksets,
+        weights=weights,
+        selector=t.selector,
+        difficulty_key=t.difficulty_key,
+        descending=t.descending,
+        curriculum=t.curriculum,
+        seed=cfg.seed,
+        epochs=t.epochs if t.total_steps is None else None,
+        shuffle=t.shuffle,
+    )
 
 
 def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> Stage:
@@ -97,9 +111,9 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
             train_set.name,
             train_set.skipped_rows,
         )
-    total = total_steps_of(cfg, len(train_set))
-    epochs = cfg.tasks.epochs if cfg.tasks.total_steps is None else None
-    scheduler = TaskScheduler(train_set, shuffle=cfg.tasks.shuffle, seed=cfg.seed, epochs=epochs)
+    mixed = [build_taskset(m, extra_workflow_args=algorithm.rollout_args) for m in cfg.tasks.mix]
+    scheduler = build_task_scheduler(cfg, [train_set, *mixed])
+    total = cfg.tasks.total_steps or scheduler.total_batches(cfg.tasks.batch_size)
     ref_model = _frozen_copy(model) if algorithm.needs_ref else None
     t = cfg.trainer
     critic = None

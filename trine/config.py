@@ -129,6 +129,8 @@ class TasksetConfig(Section):
     """A row missing a mapped field: stop with an error naming file, row and key, or skip and count it."""
     limit: int | None = None
     """Use only the first N rows."""
+    weight: float | None = None
+    """Share of each batch when several tasksets are mixed (``tasks.mix``); None: by taskset size."""
 
     _paths = field_validator("path")(_resolve_path)
     _workflow = field_validator("workflow")(lambda v: _check_name("workflow", v))
@@ -150,6 +152,17 @@ class TasksConfig(Section):
     """The taskset explored (RL) or trained on (``train`` mode)."""
     eval: list[TasksetConfig] = []
     """Tasksets evaluated every ``eval.every`` steps."""
+    mix: list[TasksetConfig] = []
+    """More tasksets explored alongside ``train``, mixed into each batch by their ``weight``."""
+    selector: Literal["sequential", "shuffle", "random", "easy_to_hard"] | None = None
+    """Order within a taskset (None: ``shuffle`` decides between shuffle and sequential)."""
+    difficulty_key: str | None = None
+    """Row field holding a difficulty score, for ``selector: easy_to_hard``."""
+    descending: bool = False
+    """``easy_to_hard`` ordered hard to easy instead."""
+    curriculum: dict[str, Any] | None = None
+    """Online curriculum (a simplified BOTS): pick tasks whose estimated pass rate is near
+    ``target_pass_rate`` (also ``prior_pass_rate``, ``prior_strength``, ``forgetting``); ``{}`` for defaults."""
     expert: TasksetConfig | None = None
     """Expert (supervised) rows mixed into RL batches by the ``mix`` algorithm (prompt + answer/response)."""
     batch_size: int = 8

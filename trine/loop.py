@@ -19,7 +19,7 @@ from typing import Any
 
 from trine import build
 from trine.config import RunConfig
-from trine.refill import shape_batch
+from trine.refill import pass_rates, shape_batch
 from trine.rundir import RunDir
 
 
@@ -153,6 +153,8 @@ def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> b
             break
         batches.append(tasks)
     results = st.explorer.explore_batches(batches, first_index=first, version=version)
+    for experiences, _ in results:  # pass rates back to the scheduler (curricula use them)
+        st.scheduler.feedback(*pass_rates(experiences, st.cfg.eval.success_threshold))
     for j, (experiences, metrics) in enumerate(results):
         experiences = shape_batch(st, experiences, metrics, first + j, version)
         st.buffer.put(experiences)

@@ -1,4 +1,5 @@
-"""The algorithm's operators between explorer and buffer, including DAPO's dynamic sampling with refill.
+"""Between explorer and buffer: the algorithm's operators (DAPO's dynamic sampling with refill, overlong
+shaping) and the pass-rate feedback to the task scheduler.
 
 Dynamic sampling (DAPO, arXiv 2503.14476 §3.2) drops groups whose rewards all agree — they carry no
 group-relative signal — and keeps drawing tasks from the scheduler and exploring them (with the same
@@ -37,3 +38,19 @@ def shape_batch(st: Stage, exps: list, metrics: dict, index: int, version: int) 
         counts = {k: counts[k] + extra[k] for k in counts}
     metrics.update({f"dapo/{k}": v for k, v in counts.items()} | {"dapo/extra_draws": float(draws)})
     return exps
+
+
+def pass_rates(exps: list, threshold: float) -> tuple[list[str], dict[str, list[float]]]:
+    """``(task_ids, {"pass_rate": [...]})`` of a batch: per task, the share of rollouts whose reward
+    (a multi-step rollout: its episode return) reaches ``threshold`` — the scheduler's feedback."""
+    from trine.explorer import rollout_returns
+
+    by_task: dict[str, list] = {}
+    for e in exps:
+        by_task.setdefault(e.task_id, []).append(e)
+    ids = list(by_task)
+    rates = []
+    for task_id in ids:
+        values = [r for r in rollout_returns(by_task[task_id]) if r is not None]
+        rates.append(sum(float(r >= threshold) for r in values) / len(values) if values else 0.0)
+    return ids, {"pass_rate": rates}

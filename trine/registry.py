@@ -23,8 +23,10 @@ BUILTINS: dict[str, str] = {
     "advantage": "trine.algorithms:ADVANTAGES",
     "loss": "trine.algorithms:LOSSES",
     "storage": "trine.buffer:STORAGES",
+    "operator": "trine.buffer:OPERATORS",
     "monitor": "trine.monitor:SINKS",
     "model_preset": "trine.models.tiny:PRESETS",
+    "scheduler": "trine.tasks:SCHEDULERS",
 }
 
 _extra: dict[str, dict[str, Any]] = {}

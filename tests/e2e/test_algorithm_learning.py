@@ -21,11 +21,18 @@ def sft_start(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("sft-start")
     cfg = {
-        "name": "sft", "run_dir": str(root / "run"), "seed": 0, "num_threads": 2, "mode": "train",
+        "name": "sft",
+        "run_dir": str(root / "run"),
+        "seed": 0,
+        "num_threads": 2,
+        "mode": "train",
         "model": {"path": str(root / "model"), "init_preset": "tiny-1m"},
         "algorithm": {"name": "sft"},
-        "tasks": {"batch_size": 16, "total_steps": 200,
-                  "train": {"path": str(EXAMPLE / "data" / "train.jsonl")}},
+        "tasks": {
+            "batch_size": 16,
+            "total_steps": 200,
+            "train": {"path": str(EXAMPLE / "data" / "train.jsonl")},
+        },
         "trainer": {"lr": 3e-3},
         "eval": {"at_start": False},
         "monitor": {"sinks": ["jsonl"], "plot": False},
@@ -37,16 +44,26 @@ def sft_start(tmp_path_factory):
 
 
 def _rl(arithmetic_config, tmp_path, start, name: str, steps: int = 60, **algorithm) -> tuple[float, float]:
-    eval_set = {"name": "addition", "path": str(EXAMPLE / "data" / "eval.jsonl"),
-                "sampling": {"temperature": 1.0, "max_tokens": 6}}
-    cfg = arithmetic_config({
-        "model": {"path": str(start)},
-        "algorithm": {"name": name, **algorithm},
-        "tasks": {"batch_size": 16, "total_steps": steps, "eval": [eval_set],
-                  "train": {"repeat": 8, "sampling": {"max_tokens": 6}}},
-        "trainer": {"lr": 1e-3},
-        "eval": {"every": 30, "k": 8, "at_start": True},
-    }, name=name)
+    eval_set = {
+        "name": "addition",
+        "path": str(EXAMPLE / "data" / "eval.jsonl"),
+        "sampling": {"temperature": 1.0, "max_tokens": 6},
+    }
+    cfg = arithmetic_config(
+        {
+            "model": {"path": str(start)},
+            "algorithm": {"name": name, **algorithm},
+            "tasks": {
+                "batch_size": 16,
+                "total_steps": steps,
+                "eval": [eval_set],
+                "train": {"repeat": 8, "sampling": {"max_tokens": 6}},
+            },
+            "trainer": {"lr": 1e-3},
+            "eval": {"every": 30, "k": 8, "at_start": True},
+        },
+        name=name,
+    )
     run(load_config(cfg))
     rows = [r for r in read_metrics(tmp_path / name) if KEY in r]
     return rows[0][KEY], max(r[KEY] for r in rows[1:])
@@ -71,12 +88,28 @@ def test_dpo_widens_the_preference_margin(arithmetic_config, tmp_path, tiny_mode
 
     rows = [json.loads(line) for line in (EXAMPLE / "data" / "train.jsonl").read_text().splitlines()]
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"question": r["question"], "chosen": r["answer"],
-                                         "rejected": str((int(r["answer"]) + 3) % 19)}) + "\n" for r in rows))
-    cfg = arithmetic_config({"mode": "train", "algorithm": {"name": "dpo", "loss_args": {"beta": 0.5}},
-                             "tasks": {"batch_size": 16, "total_steps": 30,
-                                       "train": {"path": str(pairs), "answer_key": None}},
-                             "trainer": {"lr": 1e-3}}, name="dpo")
+    pairs.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "question": r["question"],
+                    "chosen": r["answer"],
+                    "rejected": str((int(r["answer"]) + 3) % 19),
+                }
+            )
+            + "\n"
+            for r in rows
+        )
+    )
+    cfg = arithmetic_config(
+        {
+            "mode": "train",
+            "algorithm": {"name": "dpo", "loss_args": {"beta": 0.5}},
+            "tasks": {"batch_size": 16, "total_steps": 30, "train": {"path": str(pairs), "answer_key": None}},
+            "trainer": {"lr": 1e-3},
+        },
+        name="dpo",
+    )
     run(load_config(cfg))
     margins = [r["trainer/reward_margin"] for r in read_metrics(tmp_path / "dpo")]
     assert abs(margins[0]) < 1e-4  # the policy starts as its own reference
@@ -86,8 +119,15 @@ def test_dpo_widens_the_preference_margin(arithmetic_config, tmp_path, tiny_mode
 
 
 def test_sft_lowers_the_nll(arithmetic_config, tmp_path):
-    cfg = arithmetic_config({"mode": "train", "algorithm": {"name": "sft"},
-                             "tasks": {"batch_size": 16, "total_steps": 30}, "trainer": {"lr": 3e-3}}, name="sft")
+    cfg = arithmetic_config(
+        {
+            "mode": "train",
+            "algorithm": {"name": "sft"},
+            "tasks": {"batch_size": 16, "total_steps": 30},
+            "trainer": {"lr": 3e-3},
+        },
+        name="sft",
+    )
     run(load_config(cfg))
     nll = [r["trainer/nll"] for r in read_metrics(tmp_path / "sft")]
     assert sum(nll[-5:]) / 5 < 0.5 * sum(nll[:5]) / 5

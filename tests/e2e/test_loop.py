@@ -82,3 +82,29 @@ def test_a_run_whose_first_step_fails_says_so(arithmetic_config, tmp_path):
     assert status["state"] == "failed" and status["step"] == 0
     assert "RuntimeError: this loss always fails" in status["error"]
     assert not (tmp_path / "broken" / "checkpoints").exists()  # nothing half-written looks valid
+
+
+def test_mixed_tasksets_with_weights_and_a_curriculum(arithmetic_config, tmp_path):
+    """Two tasksets mixed 3:1 per batch; the curriculum gets the explorer's pass rates as feedback."""
+    from tests.e2e.conftest import EXAMPLE
+
+    other = {"path": str(EXAMPLE / "data" / "eval.jsonl"), "name": "other", "weight": 1.0}
+    cfg = arithmetic_config(
+        {
+            "tasks": {
+                "batch_size": 4,
+                "total_steps": 4,
+                "mix": [other],
+                "curriculum": {},
+                "train": {"weight": 3.0},
+            },
+            "explorer": {"dump_rollouts": True},
+        },
+        name="mixed",
+    )
+    run(load_config(cfg))
+    rows = [json.loads(line) for line in (tmp_path / "mixed" / "rollouts.jsonl").read_text().splitlines()]
+    per_batch = {}
+    for r in rows:
+        per_batch.setdefault(r["batch"], []).append(r["task_id"].split("/")[0])
+    assert all(sorted(v) == ["other", "train", "train", "train"] for v in per_batch.values())

@@ -17,17 +17,23 @@ class Buffer(Protocol):
         """Store experiences (those with ``reward=None`` wait as pending)."""
 
     def get(
-        self, n: int, *, min_version: int | None = None, timeout: float | None = None
+        self,
+        n: int,
+        *,
+        min_version: int | None = None,
+        current_version: int | None = None,
+        timeout: float | None = None,
     ) -> list[Experience]:
-        """Take ``n`` trainable experiences, oldest first.
+        """Take ``n`` trainable experiences (FIFO: oldest first; rules in :mod:`trine.buffer.sampling`).
 
-        Experiences whose ``policy_version`` is below ``min_version`` are dropped as stale (and
-        counted). Blocks up to ``timeout`` seconds (None = forever) and raises
-        :class:`BufferTimeout` if fewer than ``n`` arrived; nothing is consumed in that case.
+        Experiences whose ``policy_version`` is below ``min_version`` (or below ``current_version -
+        max_staleness``) are dropped as stale (and counted). Blocks up to ``timeout`` seconds (None
+        = forever) and raises :class:`BufferTimeout` if fewer than ``n`` arrived; nothing is
+        consumed in that case.
         """
 
     def metrics(self) -> dict[str, float]:
-        """``buffer/*`` metrics: size, pending, staleness, dropped counts."""
+        """``buffer/*`` metrics: size, pending, dropped and expired counts, reuse, staleness."""
 
     def state_dict(self) -> dict[str, Any]: ...
 

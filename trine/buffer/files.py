@@ -7,9 +7,13 @@ int), ``prompt_length`` (int), ``action_mask`` (list of int), ``logprobs`` (list
 ``reward`` (float or null), ``token_rewards`` (list of float or null), ``task_id``, ``group_id``,
 ``run_id`` (str), ``step``, ``policy_version`` (int), ``kind`` (str), ``info`` (object). Floats are
 written exactly (Python ``repr``). A :class:`FileBuffer` log adds event lines, recognised by an
-``"_event"`` key: ``{"_event": "reward", "id": ..., "reward": ...}``, ``{"_event": "consumed",
-"ids": [...]}`` and ``{"_event": "dropped", "ids": [...]}``; :func:`import_experiences` applies the
-reward events and ignores the others, so a buffer's log imports as its experiences.
+``"_event"`` key: ``{"_event": "reward", "id": ..., "reward": ...}`` (a pending reward filled in),
+``{"_event": "consumed", "ids": [...]}`` (one FIFO get), ``{"_event": "used", "ids": [...]}`` (one
+priority-sampler get: each use count grows by one, those at ``reuse_limit`` are consumed),
+``{"_event": "dropped", "ids": [...]}`` (stale) and ``{"_event": "expired", "ids": [...], "reward":
+null or a number}`` (pending past ``pending_timeout``: dropped, or given the default reward).
+:func:`import_experiences` applies the rewards of ``reward`` and ``expired`` events and ignores the
+others, so a buffer's log imports as its experiences.
 
 ``.parquet`` — columns ``id`` string, ``tokens`` list<int32>, ``prompt_length`` int32,
 ``action_mask`` list<int32>, ``logprobs`` list<float32> (null when None), ``reward`` float64 (null
@@ -20,7 +24,6 @@ Logprobs and token rewards are rounded to float32. pyarrow is imported only for 
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import warnings
@@ -93,6 +96,10 @@ def import_experiences(path: str | os.PathLike[str]) -> list[Experience]:
                 found[e.id] = e
             elif record["_event"] == "reward" and record["id"] in found:
                 found[record["id"]].reward = record["reward"]
+            elif record["_event"] == "expired" and record.get("reward") is not None:
+                for exp_id in record["ids"]:
+                    if exp_id in found:
+                        found[exp_id].reward = record["reward"]
         return list(found.values())
     import pyarrow.parquet as pq
 
@@ -124,16 +131,24 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 class FileBuffer(MemoryBuffer):
     """A buffer kept as an append-only jsonl log (format in the module docstring).
 
-    Every put, reward, consumption and stale drop is appended (and flushed) before it takes
-    effect, and opening an existing file replays the log, so the buffer survives restarts and its
-    file can be read with :func:`import_experiences`. The in-memory state is a FIFO of trainable
-    experiences plus pending ones, with exactly :class:`~trine.buffer.memory.MemoryBuffer`'s
-    semantics. Thread-safe, but **single process**: two processes appending to one file would
-    each hand out the same experiences; use :class:`~trine.buffer.sql.SQLBuffer` for that.
+    Every put, reward, hand-out, stale drop and pending expiry is appended (and flushed) before it
+    takes effect, and opening an existing file replays the log, so the buffer survives restarts
+    and its file can be read with :func:`import_experiences`. The in-memory state and the sampling
+    options (``**options``: ``sampler``, ``reuse_limit``, ... ``clock``) are exactly
+    :class:`~trine.buffer.memory.MemoryBuffer`'s, without ``capacity``. Pending timeouts restart
+    when the file is reopened. Thread-safe, but **single process**: two processes appending to one
+    file would each hand out the same experiences; use :class:`~trine.buffer.sql.SQLBuffer` for that.
     """
 
-    def __init__(self, path: str | os.PathLike[str] = "buffer.jsonl", *, fsync: bool = False) -> None:
-        super().__init__()
+    def __init__(
+        self, path: str | os.PathLike[str] = "buffer.jsonl", *, fsync: bool = False, **options: Any
+    ) -> None:
+        if "capacity" in options:
+            raise ValueError(
+                "FileBuffer does not take capacity (evictions are not logged); use storage 'memory' "
+                "for a bounded buffer, or drop capacity."
+            )
+        super().__init__(**options)
         self.path = Path(path)
         if self.path.suffix != ".jsonl":
             raise ValueError(f"FileBuffer path={str(self.path)!r}: expected a '.jsonl' file.")
@@ -144,18 +159,10 @@ class FileBuffer(MemoryBuffer):
 
     def _replay(self) -> None:
         for record in _read_jsonl(self.path):
-            event = record.get("_event")
-            if event is None:
+            if "_event" in record:
+                self._apply(record)
+            else:
                 self._add(Experience.from_dict(record))
-            elif event == "reward":
-                self._fill(record["id"], record["reward"])
-            elif event in ("consumed", "dropped"):
-                gone = set(record["ids"])
-                self._ready = collections.deque(e for e in self._ready if e.id not in gone)
-                if event == "consumed":
-                    self.consumed += len(gone)
-                else:
-                    self.dropped_stale += len(gone)
 
     def _journal(self, records: list[dict[str, Any]]) -> None:
         """Append the change to the log (flushed, optionally fsynced) before it takes effect."""
@@ -171,10 +178,9 @@ class FileBuffer(MemoryBuffer):
     def state_dict(self) -> dict[str, Any]:
         """The log file is the state; this records its path and the counters."""
         with self._cond:
-            return {"path": str(self.path), "consumed": self.consumed, "dropped_stale": self.dropped_stale}
+            return {"path": str(self.path), **self._counters()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the counters (the experiences were replayed from the file when it was opened)."""
         with self._cond:
-            self.consumed = int(state.get("consumed", self.consumed))
-            self.dropped_stale = int(state.get("dropped_stale", self.dropped_stale))
+            self._load_counters(state)

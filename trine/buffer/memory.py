@@ -1,66 +1,169 @@
-"""In-memory buffer: a thread-safe FIFO queue (the default for sync runs).
+"""In-memory buffer: thread-safe, the default for sync runs.
 
-:class:`MemoryBuffer` holds the buffer semantics every storage follows: ``put`` queues trainable
+:class:`MemoryBuffer` holds the buffer semantics every storage follows: ``put`` stores trainable
 experiences and keeps ``reward=None`` ones pending; ``set_rewards`` fills pending ones (by id or by
-``(task_id, run_id)``); ``get(n)`` takes exactly ``n`` trainable experiences, oldest first, after
-dropping (and counting) those older than ``min_version``, or raises ``BufferTimeout`` consuming
-nothing. Subclasses that persist the state (:class:`~trine.buffer.files.FileBuffer`) override
-:meth:`MemoryBuffer._journal`, which sees every change before it takes effect.
+``(task_id, run_id)``); ``get(n)`` takes exactly ``n`` trainable experiences by the rules of
+:mod:`trine.buffer.sampling` (FIFO by default: put order, each handed out once), or raises
+``BufferTimeout`` consuming nothing.
+
+Every change of state is an *event* (a dict with an ``"_event"`` key, see
+:mod:`trine.buffer.files`) applied by :meth:`MemoryBuffer._apply`; subclasses that persist the
+state (:class:`~trine.buffer.files.FileBuffer`) override :meth:`MemoryBuffer._journal`, which sees
+every put and event before it takes effect, and replay the events on reopening.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from trine.buffer.base import BufferTimeout
+from trine.buffer.sampling import SamplingRules, arrange, batch_metrics
 from trine.types import Experience
 
 
-class MemoryBuffer:
-    """FIFO of ready experiences plus a side table of pending ones (reward not yet known).
+@dataclass
+class _Slot:
+    """One stored experience and its bookkeeping."""
 
-    Thread-safe: explorer and trainer threads may put/get concurrently.
+    exp: Experience
+    seq: int
+    """Put order (ties and FIFO order)."""
+    put_at: float
+    """``clock()`` at the put (pending timeout)."""
+    uses: int = 0
+    last_get: int | None = None
+    """Number of the get that last handed it out (cooldown)."""
+
+
+class MemoryBuffer:
+    """Trainable experiences plus a side table of pending ones (reward not yet known).
+
+    Thread-safe: explorer and trainer threads may put/get concurrently. Sampling, replay,
+    staleness, pending timeout and whole-group rules: see :mod:`trine.buffer.sampling`.
+
+    Args:
+        capacity: keep at most this many trainable experiences (the oldest are evicted).
+        sampler: ``"fifo"`` (put order, exactly once) or ``"priority"`` (replay, see below).
+        reuse_limit: times an experience may be handed out (priority sampler; 1 = no replay).
+        reuse_decay: priority lost per use: ``priority = policy_version - use_count * reuse_decay``.
+        cooldown: after a use, the number of further get calls for which it is not eligible.
+        max_staleness: with ``get(n, current_version=v)``, drop versions below ``v - max_staleness``.
+        pending_timeout: seconds a pending experience waits for its reward (None = forever).
+        pending_action: what happens then: ``"drop"`` it, or give it ``default_reward``
+            (``"default"``) and make it trainable.
+        default_reward: the reward of ``pending_action="default"``.
+        whole_groups: hand out an experience only when no member of its group is pending, and
+            keep the members of a group together.
+        clock: seconds for the pending timeout (inject a fake one in tests).
     """
 
-    def __init__(self, capacity: int | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int | None = None,
+        *,
+        sampler: str = "fifo",
+        reuse_limit: int = 1,
+        reuse_decay: float = 1.0,
+        cooldown: int = 0,
+        max_staleness: int | None = None,
+        pending_timeout: float | None = None,
+        pending_action: str = "drop",
+        default_reward: float = 0.0,
+        whole_groups: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.capacity = capacity
-        self._ready: collections.deque[Experience] = collections.deque()
-        self._pending: dict[str, Experience] = {}
+        self.rules = SamplingRules(
+            sampler, reuse_limit, reuse_decay, cooldown, max_staleness,
+            pending_timeout, pending_action, default_reward, whole_groups,
+        )  # fmt: skip
+        self.clock = clock
+        self._ready: dict[str, _Slot] = {}
+        self._pending: dict[str, _Slot] = {}
+        self._seq = 0
         self._cond = threading.Condition()
         self._closed = False
         self.dropped_stale = 0
         self.consumed = 0
+        """Experiences handed out (a replayed experience counts at each hand-out)."""
+        self.pending_expired = 0
+        self.gets = 0
+        """Get calls that returned a batch (the cooldown counts these)."""
+        self.last_batch: dict[str, float] = {}
+        """``buffer/reuse`` and ``buffer/staleness_*`` of the last batch handed out."""
+
+    # -- changes of state -------------------------------------------------------------------------
 
     def _journal(self, records: list[dict[str, Any]]) -> None:
         """Record a change before it takes effect (no-op here; persistent subclasses write it)."""
+
+    def _record(self, event: dict[str, Any]) -> None:
+        self._journal([event])
+        self._apply(event)
+
+    def _add(self, e: Experience) -> None:
+        slot = _Slot(e, self._seq, self.clock())
+        self._seq += 1
+        (self._pending if e.reward is None else self._ready)[e.id] = slot
+
+    def _fill(self, exp_id: str, reward: float) -> None:
+        slot = self._pending.pop(exp_id, None)
+        if slot is not None:
+            slot.exp.reward = float(reward)
+            self._ready[exp_id] = slot
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        """Apply one event (live, or replayed from a log); unknown events are ignored."""
+        kind = event.get("_event")
+        if kind == "reward":
+            self._fill(event["id"], event["reward"])
+        elif kind == "expired":
+            for exp_id in event["ids"]:
+                if event["reward"] is None:
+                    self._pending.pop(exp_id, None)
+                else:
+                    self._fill(exp_id, event["reward"])
+            self.pending_expired += len(event["ids"])
+        elif kind == "dropped":
+            for exp_id in event["ids"]:
+                self._ready.pop(exp_id, None)
+            self.dropped_stale += len(event["ids"])
+        elif kind in ("consumed", "used"):  # one get: "consumed" = for good, "used" = may replay
+            self.gets += 1
+            self.consumed += len(event["ids"])
+            for exp_id in event["ids"]:
+                slot = self._ready.get(exp_id)
+                if slot is None:
+                    continue
+                slot.uses, slot.last_get = slot.uses + 1, self.gets
+                if kind == "consumed" or slot.uses >= self.rules.reuse_limit:
+                    del self._ready[exp_id]
+
+    # -- the Buffer protocol ----------------------------------------------------------------------
 
     def put(self, experiences: list[Experience]) -> None:
         """Store experiences (those with ``reward=None`` wait as pending)."""
         for e in experiences:
             e.check()
         with self._cond:
+            seen: set[str] = set()
+            for e in experiences:
+                if e.id in seen or e.id in self._ready or e.id in self._pending:
+                    raise ValueError(
+                        f"put: experience id {e.id!r} is already stored; give each Experience a fresh id."
+                    )
+                seen.add(e.id)
             self._journal([e.to_dict() for e in experiences])
             for e in experiences:
                 self._add(e)
-            if self.capacity is not None:
-                while len(self._ready) > self.capacity:
-                    self._ready.popleft()
+            excess = 0 if self.capacity is None else len(self._ready) - self.capacity
+            for slot in sorted(self._ready.values(), key=lambda s: s.seq)[: max(excess, 0)]:
+                del self._ready[slot.exp.id]
             self._cond.notify_all()
-
-    def _add(self, e: Experience) -> None:
-        if e.reward is None:
-            self._pending[e.id] = e
-        else:
-            self._ready.append(e)
-
-    def _fill(self, exp_id: str, reward: float) -> None:
-        e = self._pending.pop(exp_id, None)
-        if e is not None:
-            e.reward = float(reward)
-            self._ready.append(e)
 
     def set_rewards(self, rewards: dict[Any, float]) -> int:
         """Fill pending rewards by experience id or ``(task_id, run_id)``; returns how many filled."""
@@ -71,9 +174,9 @@ class MemoryBuffer:
                     if key in self._pending:
                         updates[key] = float(reward)
                 elif isinstance(key, (tuple, list)) and len(key) == 2:
-                    for e in self._pending.values():
-                        if (e.task_id, e.run_id) == tuple(key):
-                            updates[e.id] = float(reward)
+                    for slot in self._pending.values():
+                        if (slot.exp.task_id, slot.exp.run_id) == tuple(key):
+                            updates[slot.exp.id] = float(reward)
                 else:
                     raise TypeError(
                         f"set_rewards key {key!r}: expected an experience id (str) or a (task_id, run_id) pair."
@@ -85,71 +188,146 @@ class MemoryBuffer:
             return len(updates)
 
     def get(
-        self, n: int, *, min_version: int | None = None, timeout: float | None = None
+        self,
+        n: int,
+        *,
+        min_version: int | None = None,
+        current_version: int | None = None,
+        timeout: float | None = None,
     ) -> list[Experience]:
-        """Take ``n`` trainable experiences, oldest first, or raise :class:`BufferTimeout`."""
+        """Take ``n`` trainable experiences by the sampling rules, or raise :class:`BufferTimeout`.
+
+        ``min_version`` and ``current_version`` (with ``max_staleness``) set the staleness floor;
+        ``current_version`` also gives ``buffer/staleness_*``. Nothing is consumed on timeout.
+        """
         if n <= 0:
             raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
+        floor = self.rules.floor(min_version, current_version)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                self._drop_stale(min_version)
-                if len(self._ready) >= n:
-                    out = [self._ready[i] for i in range(n)]
-                    self._journal([{"_event": "consumed", "ids": [e.id for e in out]}])
-                    for _ in range(n):
-                        self._ready.popleft()
-                    self.consumed += n
-                    return out
+                self._housekeep(floor)
+                eligible = self._eligible()
+                chosen = arrange(eligible, n, self._group_of if self.rules.whole_groups else None)
+                if chosen is not None:
+                    return self._hand_out(chosen, current_version)
                 if self._closed:
                     raise BufferTimeout(
-                        f"buffer closed with {len(self._ready)} of {n} requested experiences ready"
+                        f"buffer closed with {len(eligible)} of {n} requested experiences ready"
                     )
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
+                    waiting = len(self._ready) - len(eligible)
                     raise BufferTimeout(
-                        f"only {len(self._ready)} of {n} experiences were ready after {timeout}s "
-                        f"({len(self._pending)} pending a reward); raise buffer.get_timeout or check the explorer."
+                        f"only {len(eligible)} of {n} experiences were ready after {timeout}s "
+                        f"({len(self._pending)} pending a reward"
+                        + (f", {waiting} waiting for a cooldown or their group" if waiting else "")
+                        + "); raise buffer.get_timeout or check the explorer."
                     )
-                self._cond.wait(remaining)
+                self._cond.wait(self._wait_time(remaining))
 
-    def _drop_stale(self, min_version: int | None) -> None:
-        # Not only the head: a pending reward filled in late puts an old version behind newer ones.
-        if min_version is None:
-            return
-        stale = [e.id for e in self._ready if e.policy_version < min_version]
-        if stale:
-            self._journal([{"_event": "dropped", "ids": stale}])
-            self._ready = collections.deque(e for e in self._ready if e.policy_version >= min_version)
-            self.dropped_stale += len(stale)
+    @staticmethod
+    def _group_of(slot: _Slot) -> str:
+        return slot.exp.group_id or "\0" + slot.exp.id
+
+    def _housekeep(self, floor: int | None) -> None:
+        """Expire pending experiences past the timeout, then drop those below the staleness floor."""
+        cutoff = self.rules.expiry_cutoff(self.clock())
+        if cutoff is not None:
+            expired = [i for i, s in self._pending.items() if s.put_at < cutoff]
+            if expired:
+                self._record({"_event": "expired", "ids": expired, "reward": self.rules.expired_reward})
+        if floor is not None:
+            stale = [i for i, s in self._ready.items() if s.exp.policy_version < floor]
+            if stale:
+                self._record({"_event": "dropped", "ids": stale})
+
+    def _eligible(self) -> list[_Slot]:
+        """Trainable experiences that may go out in the next get, in hand-out order."""
+        rules, next_get = self.rules, self.gets + 1
+        blocked = {s.exp.group_id for s in self._pending.values()} if rules.whole_groups else set()
+        slots = [
+            s
+            for s in self._ready.values()
+            if rules.cooled_down(s.last_get, next_get) and not (s.exp.group_id and s.exp.group_id in blocked)
+        ]
+        if rules.replay:
+            slots.sort(key=lambda s: (-rules.priority(s.exp.policy_version, s.uses), s.seq))
+        else:
+            slots.sort(key=lambda s: s.seq)
+        return slots
+
+    def _hand_out(self, chosen: list[_Slot], current_version: int | None) -> list[Experience]:
+        uses = [s.uses + 1 for s in chosen]
+        versions = [s.exp.policy_version for s in chosen]
+        self._record(
+            {"_event": "used" if self.rules.replay else "consumed", "ids": [s.exp.id for s in chosen]}
+        )
+        self.last_batch = batch_metrics(self.rules, uses, versions, current_version)
+        return [s.exp for s in chosen]
+
+    def _wait_time(self, remaining: float | None) -> float | None:
+        """Wait no longer than until the next pending experience expires."""
+        if self.rules.pending_timeout is None or not self._pending:
+            return remaining
+        first = min(s.put_at for s in self._pending.values())
+        until = max(first + self.rules.pending_timeout - self.clock(), 0.0) + 0.01
+        return until if remaining is None else min(remaining, until)
 
     def __len__(self) -> int:
         return len(self._ready)
 
     def metrics(self) -> dict[str, float]:
-        """``buffer/size``, ``buffer/pending`` and ``buffer/dropped_stale``."""
+        """``buffer/*`` metrics (names in :mod:`trine.buffer.sampling`); expires timed-out pending ones."""
         with self._cond:
-            return {
+            self._housekeep(None)
+            out = {
                 "buffer/size": float(len(self._ready)),
                 "buffer/pending": float(len(self._pending)),
                 "buffer/dropped_stale": float(self.dropped_stale),
             }
+            if self.rules.pending_timeout is not None:
+                out["buffer/pending_expired"] = float(self.pending_expired)
+            return {**out, **self.last_batch}
+
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "dropped_stale": self.dropped_stale,
+            "consumed": self.consumed,
+            "pending_expired": self.pending_expired,
+            "gets": self.gets,
+            "last_batch": dict(self.last_batch),
+        }
+
+    def _load_counters(self, state: dict[str, Any]) -> None:
+        self.dropped_stale = int(state.get("dropped_stale", self.dropped_stale))
+        self.consumed = int(state.get("consumed", self.consumed))
+        self.pending_expired = int(state.get("pending_expired", self.pending_expired))
+        self.gets = int(state.get("gets", self.gets))
+        self.last_batch = dict(state.get("last_batch", self.last_batch))
 
     def state_dict(self) -> dict[str, Any]:
+        """Experiences, their use counts and the counters (pending timeouts restart on load)."""
         with self._cond:
+            slots = sorted([*self._ready.values(), *self._pending.values()], key=lambda s: s.seq)
             return {
-                "ready": [e.to_dict() for e in self._ready],
-                "pending": [e.to_dict() for e in self._pending.values()],
-                "dropped_stale": self.dropped_stale,
-                "consumed": self.consumed,
+                "ready": [s.exp.to_dict() for s in slots if s.exp.id in self._ready],
+                "pending": [s.exp.to_dict() for s in slots if s.exp.id in self._pending],
+                "slots": {s.exp.id: [s.seq, s.uses, s.last_get] for s in slots},
+                **self._counters(),
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self._cond:
-            self._ready = collections.deque(Experience.from_dict(d) for d in state["ready"])
-            self._pending = {d["id"]: Experience.from_dict(d) for d in state["pending"]}
-            self.dropped_stale = state["dropped_stale"]
-            self.consumed = state["consumed"]
+            now, meta = self.clock(), state.get("slots", {})
+            self._ready, self._pending = {}, {}
+            for key, target in (("ready", self._ready), ("pending", self._pending)):
+                for d in state[key]:
+                    e = Experience.from_dict(d)
+                    seq, uses, last_get = meta.get(e.id, (self._seq, 0, None))
+                    target[e.id] = _Slot(e, seq, now, uses, last_get)
+                    self._seq = max(self._seq, seq) + 1
+            self._load_counters(state)
 
     def close(self) -> None:
         """Stop waiting ``get`` calls."""

@@ -1,7 +1,9 @@
 """SQL experience storage through SQLAlchemy 2: a SQLite file by default, PostgreSQL by URL.
 
 The database is the buffer: several explorer (writer) processes and several trainer (reader)
-processes may share one database, and every experience is handed out by ``get`` exactly once.
+processes may share one database, and every experience is handed out by ``get`` exactly once
+(FIFO) or up to ``reuse_limit`` times (priority replay; rules in :mod:`trine.buffer.sampling`, as
+SQL in :mod:`trine.buffer.sql_sampling`).
 Rows are queryable with plain SQL; the layout is documented in :mod:`trine.buffer.sql_schema`.
 
 SQLAlchemy (and the PostgreSQL driver) are imported lazily, on first use of a buffer.
@@ -12,14 +14,18 @@ from __future__ import annotations
 import os
 import threading
 import time
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trine.buffer import sql_sampling as q
 from trine.buffer.base import BufferTimeout
+from trine.buffer.sampling import SamplingRules, batch_metrics
 from trine.buffer.sql_schema import (
-    DROPPED,
     PENDING,
     READY,
+    add_missing_columns,
     build_table,
     experience_to_row,
     row_to_experience,
@@ -31,10 +37,6 @@ from trine.types import Experience
 _INHERITED_ENGINES: list[Any] = []
 
 _RETRY_MESSAGES = ("database is locked", "database is busy", "deadlock detected", "could not serialize")
-
-
-class _LostClaim(Exception):
-    """Another reader marked a row first: roll the claim back and try again."""
 
 
 def _is_retryable(err: BaseException) -> bool:
@@ -51,16 +53,21 @@ def normalize_url(url: str | os.PathLike[str]) -> str:
 class SQLBuffer:
     """Experiences in a SQL table (SQLite in WAL mode, or PostgreSQL), shared between processes.
 
-    Consumption rule: a row is *trainable* when its ``reward_status`` is ``"ready"`` and its
-    ``consumed_at`` is NULL. ``get(n)`` first marks trainable rows with ``policy_version <
-    min_version`` as ``"dropped"`` (counted in ``buffer/dropped_stale``), then, in one transaction,
-    claims the ``n`` oldest trainable rows (lowest ``seq``) and sets their ``consumed_at`` and
-    ``use_count``. On PostgreSQL the claim is ``SELECT ... FOR UPDATE SKIP LOCKED``, so concurrent
-    readers take disjoint rows; on SQLite the transaction is ``BEGIN IMMEDIATE`` (one writer at a
-    time, so the claim-and-mark is atomic) and "database is locked" is retried. If fewer than ``n``
-    rows are trainable nothing is claimed: ``get`` polls (every ``poll_interval`` seconds, sooner
-    after a ``put`` in this process) until ``timeout`` and then raises :class:`BufferTimeout`.
-    Consumed rows stay in the table (for queries and export); they are never handed out again.
+    Consumption rule (the sampling rules of :mod:`trine.buffer.sampling`, identical to
+    :class:`~trine.buffer.memory.MemoryBuffer`'s): a row is *trainable* when its ``reward_status``
+    is ``"ready"`` and its ``consumed_at`` is NULL. In one transaction, ``get(n)`` expires pending
+    rows past ``pending_timeout``, marks trainable rows below the staleness floor as ``"dropped"``
+    (counted in ``buffer/dropped_stale``), then claims the first ``n`` eligible rows (FIFO: lowest
+    ``seq``; priority: highest ``priority``, then lowest ``seq``) and counts a use of each
+    (``use_count``, ``priority``, ``last_get``; ``consumed_at`` once ``use_count`` reaches
+    ``reuse_limit``). On PostgreSQL the claim is ``SELECT ... FOR UPDATE SKIP LOCKED``, so
+    concurrent readers take disjoint rows (with the priority sampler or ``whole_groups`` claims
+    also take a per-table advisory lock, so get numbers and group gating are exact); on SQLite the
+    transaction is ``BEGIN IMMEDIATE`` (one writer at a time, so the claim-and-mark is atomic) and
+    "database is locked" is retried. If fewer than ``n`` rows are eligible nothing is claimed:
+    ``get`` polls (every ``poll_interval`` seconds, sooner after a ``put`` in this process) until
+    ``timeout`` and then raises :class:`BufferTimeout`. Consumed rows stay in the table (for
+    queries and export); they are never handed out again.
 
     Pending rows (``reward=None``) are stored with status ``"pending"`` and become ready through
     :meth:`set_rewards`. Works from threads and from processes (fork or spawn): each process opens
@@ -72,6 +79,11 @@ class SQLBuffer:
         table: table name; several buffers may share a database under different names.
         poll_interval: seconds between checks while ``get`` waits.
         busy_timeout: seconds SQLite waits for the write lock before "database is locked".
+        sampler, reuse_limit, reuse_decay, cooldown, max_staleness, pending_timeout,
+            pending_action, default_reward, whole_groups: the sampling options, exactly as
+            :class:`~trine.buffer.memory.MemoryBuffer`'s (see :mod:`trine.buffer.sampling`).
+        clock: time of puts and of the pending timeout; unix time by default, because
+            ``created_at`` is compared across processes (inject a fake one in tests).
     """
 
     def __init__(
@@ -81,6 +93,16 @@ class SQLBuffer:
         table: str = "experiences",
         poll_interval: float = 0.05,
         busy_timeout: float = 30.0,
+        sampler: str = "fifo",
+        reuse_limit: int = 1,
+        reuse_decay: float = 1.0,
+        cooldown: int = 0,
+        max_staleness: int | None = None,
+        pending_timeout: float | None = None,
+        pending_action: str = "drop",
+        default_reward: float = 0.0,
+        whole_groups: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not table.isidentifier():
             raise ValueError(f"SQLBuffer table={table!r}: expected a plain identifier such as 'experiences'.")
@@ -88,10 +110,19 @@ class SQLBuffer:
         self.table_name = table
         self.poll_interval = poll_interval
         self.busy_timeout = busy_timeout
+        self.rules = SamplingRules(
+            sampler, reuse_limit, reuse_decay, cooldown, max_staleness,
+            pending_timeout, pending_action, default_reward, whole_groups,
+        )  # fmt: skip
+        self.clock = clock
         self.consumed = 0
         """Experiences handed out by this object (the database counts for all processes)."""
         self.dropped_stale = 0
         """Stale experiences dropped by this object's ``get`` calls."""
+        self.pending_expired = 0
+        """Pending experiences expired by this object."""
+        self.last_batch: dict[str, float] = {}
+        """``buffer/reuse`` and ``buffer/staleness_*`` of the last batch this object handed out."""
         self._closed = False
         self._init_process_state()
 
@@ -145,8 +176,14 @@ class SQLBuffer:
             engine = sa.create_engine(url, pool_pre_ping=True)
             write_engine = engine
         table = build_table(sa.MetaData(), self.table_name)
+
+        def create() -> None:
+            table.metadata.create_all(write_engine)
+            with write_engine.begin() as conn:
+                add_missing_columns(conn, table)
+
         try:
-            self._retry(lambda: table.metadata.create_all(write_engine), what="create the table")
+            self._retry(create, what="create the table")
         except sa.exc.OperationalError as err:
             engine.dispose()
             raise ConnectionError(
@@ -163,7 +200,8 @@ class SQLBuffer:
             try:
                 return fn()
             except (sa.exc.OperationalError, sa.exc.IntegrityError, sa.exc.ProgrammingError) as err:
-                racing_create = what == "create the table" and "exist" in str(err).lower()
+                text = str(err).lower()
+                racing_create = what == "create the table" and ("exist" in text or "duplicate column" in text)
                 if attempt == attempts - 1 or not (_is_retryable(err) or racing_create):
                     raise
                 time.sleep(min(0.01 * 2**attempt, 0.5))
@@ -178,7 +216,7 @@ class SQLBuffer:
         if not experiences:
             return
         _, write = self._engines()
-        now = time.time()
+        now = self.clock()
         rows = [experience_to_row(e, now) for e in experiences]
         import sqlalchemy as sa
 
@@ -230,83 +268,87 @@ class SQLBuffer:
         return done
 
     def get(
-        self, n: int, *, min_version: int | None = None, timeout: float | None = None
+        self,
+        n: int,
+        *,
+        min_version: int | None = None,
+        current_version: int | None = None,
+        timeout: float | None = None,
     ) -> list[Experience]:
-        """Take ``n`` trainable experiences, oldest first, or raise :class:`BufferTimeout`.
+        """Take ``n`` trainable experiences by the sampling rules, or raise :class:`BufferTimeout`.
 
         See the class docstring for the consumption rule; nothing is consumed on timeout.
         """
         if n <= 0:
             raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
+        floor = self.rules.floor(min_version, current_version)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            fresh, stale = self._retry(lambda: self._peek(min_version), what="get")
-            if fresh >= n or stale:
-                got = self._retry(lambda: self._claim(n, min_version), what="get")
+            ready, due = self._retry(lambda: self._peek(floor), what="get")
+            if ready >= n or due:
+                got = self._retry(lambda: self._claim(n, floor), what="get")
                 if got is not None:
+                    rows, uses = got
+                    versions = [r.policy_version for r in rows]
                     with self._lock:
                         self.consumed += n
-                    return got
+                        self.last_batch = batch_metrics(self.rules, uses, versions, current_version)
+                    return [row_to_experience(r) for r in rows]
             if self._closed:
-                raise BufferTimeout(f"buffer closed with {fresh} of {n} requested experiences ready")
+                raise BufferTimeout(f"buffer closed with {ready} of {n} requested experiences ready")
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 counts = self._counts()
+                waiting = counts["size"] - ready
                 raise BufferTimeout(
-                    f"only {counts[READY]} of {n} experiences were ready after {timeout}s "
-                    f"({counts[PENDING]} pending a reward); raise buffer.get_timeout or check the explorer."
+                    f"only {ready} of {n} experiences were ready after {timeout}s "
+                    f"({counts['pending']} pending a reward"
+                    + (f", {waiting} waiting for a cooldown or their group" if waiting > 0 else "")
+                    + "); raise buffer.get_timeout or check the explorer."
                 )
             wait = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
             with self._cond:
                 self._cond.wait(wait)
 
-    def _claimable(self) -> Any:
-        t = self._table
-        return (t.c.reward_status == READY) & t.c.consumed_at.is_(None)
-
-    def _peek(self, min_version: int | None) -> tuple[int, int]:
-        """(trainable rows at or above min_version, stale trainable rows) without taking a lock."""
-        import sqlalchemy as sa
-
+    def _peek(self, floor: int | None) -> tuple[int, bool]:
+        """(rows eligible now, whether expiry or stale drops are due) without taking a lock."""
         read, _ = self._engines()
-        t = self._table
-        is_stale = sa.false() if min_version is None else t.c.policy_version < min_version
-        stmt = sa.select(
-            sa.func.count(),
-            sa.func.coalesce(sa.func.sum(sa.case((is_stale, 1), else_=0)), 0),
-        ).where(self._claimable())
         with read.connect() as conn:
-            total, stale = conn.execute(stmt).one()
-        return int(total) - int(stale), int(stale)
+            return q.peek(conn, self._table, self.rules, floor, self.clock())
 
-    def _claim(self, n: int, min_version: int | None) -> list[Experience] | None:
-        """One transaction: drop stale rows, then claim ``n`` rows if there are that many."""
+    def _claim(self, n: int, floor: int | None) -> tuple[list[Any], list[int]] | None:
+        """One transaction: expire pending rows, drop stale ones, then claim ``n`` rows if eligible.
+
+        Returns the claimed rows and their use counts after this hand-out, or None.
+        """
         import sqlalchemy as sa
 
         _, write = self._engines()
-        t = self._table
-        dropped, rows = 0, []
+        t, rules = self._table, self.rules
+        rows, expired, dropped = None, 0, 0
         try:
             with write.begin() as conn:
-                if min_version is not None:
-                    stale = sa.select(t.c.seq).where(self._claimable(), t.c.policy_version < min_version)
-                    stale = stale.with_for_update(skip_locked=True)
-                    stmt = sa.update(t).where(t.c.seq.in_(stale.scalar_subquery()))
-                    dropped = conn.execute(stmt.values(reward_status=DROPPED)).rowcount
-                query = sa.select(t).where(self._claimable()).order_by(t.c.seq).limit(n)
-                if min_version is not None:
-                    query = query.where(t.c.policy_version >= min_version)
-                rows = conn.execute(query.with_for_update(skip_locked=True)).all()
-                if len(rows) == n:
-                    mark = sa.update(t).where(t.c.seq.in_([r.seq for r in rows]), t.c.consumed_at.is_(None))
-                    marked = conn.execute(mark.values(consumed_at=time.time(), use_count=t.c.use_count + 1))
-                    if marked.rowcount != n:  # cannot happen under the locks above; never hand out twice
-                        raise _LostClaim
-        except _LostClaim:
+                if self._serialized():
+                    lock = sa.func.pg_advisory_xact_lock(zlib.crc32(self.table_name.encode()))
+                    conn.execute(sa.select(lock))
+                now = self.clock()
+                expired = q.expire_pending(conn, t, rules, now)
+                dropped = q.drop_stale(conn, t, floor)
+                number = q.next_get(conn, t) if rules.replay else None
+                rows = q.choose(conn, t, rules, n, floor, number)
+                if rows is not None:
+                    q.mark(conn, t, rules, rows, number, now)
+        except q.LostClaim:
             return None
         with self._lock:  # committed
             self.dropped_stale += dropped
-        return [row_to_experience(r) for r in rows] if len(rows) == n else None
+            self.pending_expired += expired
+        return None if rows is None else (rows, [r.use_count + 1 for r in rows])
+
+    def _serialized(self) -> bool:
+        """Whether claims take a table-wide lock (PostgreSQL, with replay or whole-group gating)."""
+        dialect = self._engine.dialect.name
+        return dialect == "postgresql" and (self.rules.replay or self.rules.whole_groups)
 
     def _wake(self) -> None:
         with self._cond:
@@ -314,36 +356,49 @@ class SQLBuffer:
 
     # -- introspection and state ------------------------------------------------------------------
 
-    def _counts(self) -> dict[str, int]:
-        """Unconsumed rows per reward_status (for all processes sharing the table)."""
-        import sqlalchemy as sa
+    def _expire(self) -> None:
+        """Expire timed-out pending rows now (``metrics`` does this too)."""
+        _, write = self._engines()
 
+        def expire() -> int:
+            with write.begin() as conn:
+                return q.expire_pending(conn, self._table, self.rules, self.clock())
+
+        expired = self._retry(expire, what="expire pending rows")
+        with self._lock:
+            self.pending_expired += expired
+
+    def _counts(self) -> dict[str, int]:
+        """Rows by state for all processes sharing the table (see :func:`sql_sampling.counts`)."""
         read, _ = self._engines()
-        t = self._table
-        stmt = (
-            sa.select(t.c.reward_status, sa.func.count())
-            .where(t.c.consumed_at.is_(None))
-            .group_by(t.c.reward_status)
-        )
 
         def count() -> dict[str, int]:
             with read.connect() as conn:
-                found = dict(conn.execute(stmt).all())
-            return {s: int(found.get(s, 0)) for s in (PENDING, READY, DROPPED)}
+                return q.counts(conn, self._table)
 
         return self._retry(count, what="count")
 
     def __len__(self) -> int:
-        return self._counts()[READY]
+        return self._counts()["size"]
 
     def metrics(self) -> dict[str, float]:
-        """``buffer/size`` (trainable rows), ``buffer/pending`` and ``buffer/dropped_stale`` (all time)."""
+        """``buffer/*`` metrics (names in :mod:`trine.buffer.sampling`); counts cover all processes.
+
+        ``buffer/size`` (trainable rows), ``buffer/pending``, ``buffer/dropped_stale`` and
+        ``buffer/pending_expired`` (all time) are counted in the table; ``buffer/reuse`` and
+        ``buffer/staleness_*`` describe the last batch this object handed out.
+        """
+        if self.rules.pending_timeout is not None:
+            self._expire()
         counts = self._counts()
-        return {
-            "buffer/size": float(counts[READY]),
-            "buffer/pending": float(counts[PENDING]),
-            "buffer/dropped_stale": float(counts[DROPPED]),
+        out = {
+            "buffer/size": float(counts["size"]),
+            "buffer/pending": float(counts["pending"]),
+            "buffer/dropped_stale": float(counts["dropped_stale"]),
         }
+        if self.rules.pending_timeout is not None:
+            out["buffer/pending_expired"] = float(counts["pending_expired"])
+        return {**out, **self.last_batch}
 
     def state_dict(self) -> dict[str, Any]:
         """The database is the state; this records where it is (password hidden) and the counters."""
@@ -353,6 +408,7 @@ class SQLBuffer:
             "url": sa.make_url(self.url).render_as_string(hide_password=True),
             "table": self.table_name,
             "counters": {"consumed": self.consumed, "dropped_stale": self.dropped_stale},
+            "sampling": {"pending_expired": self.pending_expired, "last_batch": dict(self.last_batch)},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -365,6 +421,9 @@ class SQLBuffer:
         counters = state.get("counters", {})
         self.consumed = int(counters.get("consumed", 0))
         self.dropped_stale = int(counters.get("dropped_stale", 0))
+        sampling = state.get("sampling", {})
+        self.pending_expired = int(sampling.get("pending_expired", 0))
+        self.last_batch = dict(sampling.get("last_batch", {}))
 
     def close(self) -> None:
         """Stop waiting ``get`` calls and release this process's connections."""

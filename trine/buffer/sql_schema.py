@@ -7,7 +7,7 @@ the per-token arrays are stored compactly as little-endian bytes (``int32`` for 
 =================  ==============  =====================================================================
 column             type            meaning
 =================  ==============  =====================================================================
-seq                integer (pk)    insertion order; ``get`` hands out the oldest (lowest seq) first
+seq                integer (pk)    insertion order; the FIFO ``get`` hands out the oldest (lowest seq) first
 id                 text, unique    ``Experience.id``
 task_id            text            ``Experience.task_id``
 taskset            text            ``info["taskset"]`` if present, else ""
@@ -16,13 +16,18 @@ run_id             text            ``Experience.run_id``
 step               integer         ``Experience.step``
 policy_version     integer         ``Experience.policy_version``
 reward             float, null     scalar reward; NULL while pending
-reward_status      text            "pending" (reward unknown), "ready" (trainable), "dropped" (stale)
+reward_status      text            "pending" (reward unknown), "ready" (trainable), "dropped" (stale,
+                                   or pending past the timeout: then ``expired_at`` is set)
 prompt_length      integer         ``Experience.prompt_length``
 response_length    integer         ``len(tokens) - prompt_length``
-created_at         float           unix time of the ``put``
-consumed_at        float, null     unix time of the ``get`` that took it; NULL until then
-use_count          integer         how many times it was handed out (0 or 1 for ``get``)
-priority           float           ``info["priority"]`` if present, else 0.0 (for samplers)
+created_at         float           the buffer's ``clock()`` at the ``put`` (unix time by default)
+consumed_at        float, null     time of the ``get`` that took it for good; NULL until then
+use_count          integer         how many times it was handed out (up to ``reuse_limit``)
+priority           float           ``policy_version - use_count * reuse_decay`` (updated by the
+                                   priority sampler, which hands out the highest first, ties:
+                                   lowest seq; FIFO leaves it at ``policy_version``)
+last_get           integer, null   number of the last ``get`` that handed it out (cooldown)
+expired_at         float, null     time it expired while pending (dropped, or default reward)
 kind               text            "rollout", "sft" or "preference"
 lineage            JSON            ``info["lineage"]`` if present (names of the operators applied), else []
 tokens             bytes           int32 little-endian, prompt + response
@@ -100,6 +105,8 @@ def build_table(metadata: Any, name: str) -> Any:
         sa.Column("consumed_at", sa.Float(), nullable=True),
         sa.Column("use_count", sa.Integer(), nullable=False, default=0),
         sa.Column("priority", sa.Float(), nullable=False, default=0.0),
+        sa.Column("last_get", sa.Integer(), nullable=True),
+        sa.Column("expired_at", sa.Float(), nullable=True),
         sa.Column("kind", sa.String(16), nullable=False, default="rollout"),
         sa.Column("lineage", sa.JSON(), nullable=False),
         sa.Column("tokens", sa.LargeBinary(), nullable=False),
@@ -111,13 +118,25 @@ def build_table(metadata: Any, name: str) -> Any:
         sa.Index(f"ix_{name}_claim", "reward_status", "consumed_at", "seq"),
         sa.Index(f"ix_{name}_task_run", "task_id", "run_id"),
         sa.Index(f"ix_{name}_group", "group_id"),
+        sa.Index(f"ix_{name}_last_get", "last_get"),
     )
+
+
+def add_missing_columns(conn: Any, table: Any) -> list[str]:
+    """Add the nullable columns a table made by an older Trine lacks; returns their names."""
+    import sqlalchemy as sa
+
+    present = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+    added = [c for c in table.columns if c.name not in present and c.nullable]
+    for column in added:
+        kind = column.type.compile(dialect=conn.dialect)
+        conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
+    return [c.name for c in added]
 
 
 def experience_to_row(e: Experience, now: float) -> dict[str, Any]:
     """The column values that store ``e`` (put at unix time ``now``)."""
     info = dict(e.info)
-    priority = info.get("priority", 0.0)
     lineage = info.get("lineage", [])
     return {
         "id": e.id,
@@ -134,7 +153,9 @@ def experience_to_row(e: Experience, now: float) -> dict[str, Any]:
         "created_at": now,
         "consumed_at": None,
         "use_count": 0,
-        "priority": float(priority) if isinstance(priority, (int, float)) else 0.0,
+        "priority": float(e.policy_version),  # use_count 0
+        "last_get": None,
+        "expired_at": None,
         "kind": e.kind,
         "lineage": [str(x) for x in lineage] if isinstance(lineage, (list, tuple)) else [str(lineage)],
         "tokens": pack(e.tokens, _INT32),

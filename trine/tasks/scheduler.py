@@ -1,8 +1,11 @@
 """TaskScheduler: the ``tasks -> explorer`` arrow of the loop.
 
-``next_batch(n)`` hands out tasks epoch by epoch, in a seeded shuffled order; ``feedback(task_ids,
-stats)`` records per-task statistics (pass rates, mean rewards) that a curriculum can use later.
+``next_batch(n)`` hands out tasks epoch by epoch, each epoch in the order of a selector
+(``sequential``, ``shuffle``, ``random``, ``easy_to_hard``; see :mod:`trine.tasks.selectors`);
+``feedback(task_ids, stats)`` records per-task statistics (pass rates, mean rewards).
 The whole position is a small JSON-able ``state_dict()``, so a resumed run gets the same batches.
+Several tasksets mixed by weight: :class:`~trine.tasks.mixed.MixedScheduler`; an online
+curriculum from the reported pass rates: :class:`~trine.tasks.curriculum.CurriculumScheduler`.
 """
 
 from __future__ import annotations
@@ -12,21 +15,28 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trine.tasks.selectors import NEEDS_DIFFICULTY, SELECTORS, difficulties
 from trine.types import Task
 
 Stats = Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]
 
 
 class TaskScheduler:
-    """Hands out the tasks of a taskset in batches, one (optionally shuffled) epoch after another.
+    """Hands out the tasks of a taskset in batches, one epoch after another.
 
     Args:
         taskset: a :class:`~trine.tasks.TaskSet` or any sequence of :class:`~trine.types.Task`.
-        shuffle: shuffle each epoch; epoch ``e`` uses its own permutation seeded by ``(seed, e)``
+        shuffle: legacy switch: ``shuffle=False`` is ``selector="sequential"``; with ``selector``
+            left None, ``shuffle=True`` is ``selector="shuffle"``.
+        seed: seed of the per-epoch orders; epoch ``e`` is ordered by an RNG seeded by ``(seed, e)``
             alone, so the order of any epoch can be recomputed without replaying earlier ones.
-        seed: seed of the per-epoch permutations.
         epochs: number of passes over the taskset; None repeats forever.
         drop_last: after the last epoch, drop a final batch that would be shorter than asked.
+        selector: how each epoch is ordered, one of :data:`~trine.tasks.selectors.SELECTORS`
+            (``sequential``, ``shuffle``, ``random`` = with replacement, ``easy_to_hard``).
+        difficulty_key: row field with a number per task (higher = harder); required by
+            ``easy_to_hard`` and used by nothing else.
+        descending: with ``easy_to_hard``, go from hard to easy instead.
 
     Batches may cross an epoch boundary (the end of epoch ``e`` and the start of ``e+1`` share a
     batch); with a batch larger than the taskset, a batch can hold the same task twice.
@@ -40,13 +50,22 @@ class TaskScheduler:
         seed: int = 42,
         epochs: int | None = 1,
         drop_last: bool = False,
+        selector: str | None = None,
+        difficulty_key: str | None = None,
+        descending: bool = False,
     ) -> None:
         if len(taskset) == 0:
             raise ValueError("TaskScheduler got an empty taskset; give it at least one task.")
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
             raise ValueError(f"epochs={epochs!r}; expected an integer >= 1, or None to repeat forever.")
         self.taskset = taskset
-        self.shuffle = shuffle
+        self.selector = _check_selector(selector, shuffle, difficulty_key, descending)
+        self.shuffle = self.selector != "sequential"
+        self.difficulty_key = difficulty_key
+        self.descending = descending
+        self._difficulty = (
+            difficulties(taskset, difficulty_key, descending=descending) if difficulty_key else None
+        )
         self.seed = seed
         self.epochs = epochs
         self.drop_last = drop_last
@@ -71,10 +90,8 @@ class TaskScheduler:
 
     def order(self, epoch: int) -> list[int]:
         """Indices of the taskset in the order epoch ``epoch`` visits them."""
-        indices = list(range(self.num_tasks))
-        if self.shuffle:
-            random.Random(self.seed * 1000003 + epoch).shuffle(indices)
-        return indices
+        rng = random.Random(self.seed * 1000003 + epoch)
+        return SELECTORS[self.selector](self.num_tasks, rng, self._difficulty)
 
     def remaining(self) -> int | None:
         """Tasks left to hand out (None when ``epochs`` is None)."""
@@ -164,13 +181,15 @@ class TaskScheduler:
             "cursor": self.cursor,
             "seed": self.seed,
             "shuffle": self.shuffle,
+            "selector": self.selector,
             "num_tasks": self.num_tasks,
             "stats": _copy_stats(self.stats),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a :meth:`state_dict`; the following batches equal those of the saved scheduler."""
-        for key, mine in (("num_tasks", self.num_tasks), ("seed", self.seed), ("shuffle", self.shuffle)):
+        settings = ("num_tasks", "seed", "shuffle", "selector")
+        for key, mine in ((key, getattr(self, key)) for key in settings):
             if key in state and state[key] != mine:
                 raise ValueError(
                     f"scheduler state was saved with {key}={state[key]!r} but this scheduler has {key}={mine!r}; "
@@ -184,6 +203,31 @@ class TaskScheduler:
         self.cursor = int(state["cursor"])
         self.stats = _copy_stats(state.get("stats", {}))
         self._order_epoch = -1
+
+
+def _check_selector(selector: str | None, shuffle: bool, difficulty_key: str | None, descending: bool) -> str:
+    """The selector name that ``selector``/``shuffle`` ask for; raises on contradictions."""
+    if selector is None:
+        selector = "shuffle" if shuffle else "sequential"
+    elif not shuffle and selector != "sequential":
+        raise ValueError(
+            f"shuffle=False contradicts selector={selector!r}; drop shuffle=False (the selector alone "
+            "sets the order) or use selector='sequential'."
+        )
+    if selector not in SELECTORS:
+        raise ValueError(f"unknown selector {selector!r}; expected one of {sorted(SELECTORS)}.")
+    if selector in NEEDS_DIFFICULTY and not difficulty_key:
+        raise ValueError(
+            f"selector={selector!r} orders tasks by difficulty; set difficulty_key= to a numeric row field."
+        )
+    if difficulty_key and selector not in NEEDS_DIFFICULTY:
+        raise ValueError(
+            f"difficulty_key={difficulty_key!r} is only used by selector 'easy_to_hard', but selector={selector!r}; "
+            "set selector='easy_to_hard' or drop difficulty_key."
+        )
+    if descending and selector not in NEEDS_DIFFICULTY:
+        raise ValueError(f"descending=True only applies to selector 'easy_to_hard', not {selector!r}.")
+    return selector
 
 
 def _copy_stats(

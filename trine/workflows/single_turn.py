@@ -4,6 +4,11 @@ With ``greedy_baseline=True`` (ReMax, Li et al., arXiv 2310.10505) the workflow 
 greedy completion of the same prompt, concurrently with the samples, scores it with the same
 reward and stores that reward as ``info["baseline_reward"]`` in every returned experience (the
 greedy completion itself is not returned). The ``remax`` advantage reads it.
+
+With ``defer_reward=True`` the reward function is not called: experiences come back with
+``reward=None`` (pending in the buffer) and carry what an external judge needs (``info["response"]``,
+``info["answer"]``, ``info["task_id"]``); rewards arrive later through ``Buffer.set_rewards`` or
+``trine buffer reward RUN_DIR FILE``.
 """
 
 from __future__ import annotations
@@ -21,11 +26,15 @@ class SingleTurnWorkflow:
         reward: ``await reward(response_text, task) -> (reward, parts)``.
         greedy_baseline: also score one greedy (temperature 0, n=1) completion and store its
             reward as ``info["baseline_reward"]`` (ReMax).
+        defer_reward: leave rewards pending for an external judge (delayed rewards).
     """
 
-    def __init__(self, reward: ScoreFn, greedy_baseline: bool = False) -> None:
+    def __init__(self, reward: ScoreFn, greedy_baseline: bool = False, defer_reward: bool = False) -> None:
+        if greedy_baseline and defer_reward:
+            raise ValueError("greedy_baseline needs rewards now; it cannot be combined with defer_reward")
         self.reward = reward
         self.greedy_baseline = greedy_baseline
+        self.defer_reward = defer_reward
 
     async def run(self, task: Task, model: RolloutModel) -> list[Experience]:
         """Sample, score and wrap ``task.repeat`` completions of the task's prompt."""
@@ -33,6 +42,8 @@ class SingleTurnWorkflow:
             return await self._run_with_baseline(task, model)
         params = task.sampling.replace(n=task.repeat)
         completions = await model.chat(task.messages(), params)
+        if self.defer_reward:
+            return [_pending(c, task, params.temperature) for c in completions]
         scores = await asyncio.gather(*(self.reward(c.text, task) for c in completions))
         return [
             completion_experience(c, reward, parts, params.temperature)
@@ -56,3 +67,9 @@ class SingleTurnWorkflow:
             exp.info["baseline_response"] = greedy_completions[0].text
             out.append(exp)
         return out
+
+
+def _pending(completion, task: Task, temperature: float) -> Experience:
+    exp = completion_experience(completion, None, {}, temperature)
+    exp.info.update({"answer": task.answer, "task_id": task.task_id})
+    return exp

@@ -16,6 +16,9 @@ hashes: GiGPO's anchor states.
 
 ``grid_world_tasks`` makes taskset rows for the ``"grid_world"`` workflow, and
 ``write_example_data`` writes ``examples/grid_world/data/{train,eval}.jsonl``.
+``format_warmup_rows`` makes supervised rows (an observation -> a *random* valid action word) that
+teach a model from scratch the reply format, not the solution; ``write_warmup_data`` writes them to
+``examples/grid_world/data/warmup.jsonl``.
 """
 
 from __future__ import annotations
@@ -272,3 +275,43 @@ def write_example_data(directory: str | Path = "examples/grid_world/data") -> li
         path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
         out.append(path)
     return out
+
+
+def format_warmup_rows(
+    n: int, *, size: int = 3, holes: int | None = None, seed: int = 0, layouts: int = 256
+) -> list[dict[str, str]]:
+    """``n`` supervised rows ``{"question": observation, "answer": random action word}``.
+
+    Each row shows a random state (the agent on a random non-hole, non-goal cell) of one of
+    ``layouts`` random layouts (seeds ``seed*layouts + 10**6 ..``, away from the example
+    train/eval seeds), as the step-wise workflow shows it: the observation is the whole user message
+    (no system prompt). The answer is uniformly random, so a model trained on these rows learns
+    *how* to reply (one of ``up/down/left/right``) but not *which* action solves the layout: its
+    success rate stays near a random policy's. Deterministic in ``seed``.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r}; expected an integer >= 1 (rows to make).")
+    if not isinstance(layouts, int) or layouts < 1:
+        raise ValueError(f"layouts={layouts!r}; expected an integer >= 1 (distinct layouts to draw from).")
+    holes = default_holes(size) if holes is None else holes
+    rng = random.Random(f"grid-world-warmup/{size}/{holes}/{seed}")
+    first = 10**6 + seed * layouts
+    envs = [GridWorld(size=size, holes=holes, seed=first + i) for i in range(layouts)]
+    rows = []
+    for _ in range(n):
+        env = rng.choice(envs)
+        cells = [(r, c) for r, row in enumerate(env.layout) for c, cell in enumerate(row) if cell in "SF"]
+        env.position = rng.choice(cells)
+        rows.append({"question": env.observation(), "answer": rng.choice(list(ACTIONS))})
+    return rows
+
+
+def write_warmup_data(
+    path: str | Path = "examples/grid_world/data/warmup.jsonl", n: int = 2048, *, size: int = 3, seed: int = 0
+) -> Path:
+    """Write :func:`format_warmup_rows` (``n`` rows, one hole) to ``path`` as jsonl; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = format_warmup_rows(n, size=size, holes=1, seed=seed)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path

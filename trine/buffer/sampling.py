@@ -1,0 +1,155 @@
+"""How a buffer hands experiences to the trainer: one set of rules for every storage.
+
+:class:`~trine.buffer.memory.MemoryBuffer` (and so :class:`~trine.buffer.files.FileBuffer`) and
+:class:`~trine.buffer.sql.SQLBuffer` take the same keyword arguments, validated into
+:class:`SamplingRules`, and apply them identically. At every ``get(n, min_version=...,
+current_version=...)``, in this order:
+
+1. **Pending timeout** (also at ``metrics()``). With ``pending_timeout`` set, a pending experience
+   (``reward=None``) put more than ``pending_timeout`` seconds ago (by the buffer's ``clock``)
+   expires: ``pending_action="drop"`` removes it for good (SQL: ``reward_status="dropped"``,
+   ``reward`` NULL), ``"default"`` gives it ``reward=default_reward`` and makes it trainable.
+   Either way it is counted in ``buffer/pending_expired`` and ``set_rewards`` no longer fills it.
+2. **Staleness.** The floor is the larger of ``min_version`` and ``current_version -
+   max_staleness`` (a term is absent when its inputs are None). Trainable experiences with
+   ``policy_version`` below the floor are dropped for good, counted in ``buffer/dropped_stale``.
+3. **Eligibility.** Gets are numbered 1, 2, ... buffer-wide, counting only gets that returned a
+   batch. An experience handed out by get ``k`` is not eligible again before get ``k + cooldown +
+   1`` (``cooldown=0``: eligible at the next get). With ``whole_groups=True``, an experience is not
+   eligible while another experience of its ``group_id`` is still pending (an empty group_id is a
+   group of its own), so group-based advantages always see the whole group.
+4. **Order.** ``sampler="fifo"``: put order, oldest first. ``sampler="priority"``: highest
+   ``priority = policy_version - use_count * reuse_decay`` first (fresher and less-used first),
+   ties in put order. With ``whole_groups=True`` the members of a group are placed together, the
+   groups in the order of their first member; a group is split only by the end of a batch.
+5. **Take.** ``get(n)`` takes the first ``n`` eligible experiences in that order, or nothing (it
+   waits, then raises ``BufferTimeout``). Each taken experience's ``use_count`` grows by one; when
+   it reaches ``reuse_limit`` the experience is consumed for good, otherwise it stays for replay.
+   FIFO hands each experience out exactly once (``reuse_limit`` must be 1).
+
+Metrics: ``buffer/size`` (trainable, not yet consumed), ``buffer/pending``,
+``buffer/dropped_stale``, ``buffer/pending_expired`` (when ``pending_timeout`` is set),
+``buffer/reuse`` (priority sampler: mean ``use_count``, this hand-out included, of the last get's
+experiences) and ``buffer/staleness_mean`` / ``buffer/staleness_max`` (``current_version -
+policy_version`` over the last get's experiences, when it was given ``current_version``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+SAMPLERS = ("fifo", "priority")
+PENDING_ACTIONS = ("drop", "default")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingRules:
+    """The validated sampling options of a buffer (meanings in the module docstring)."""
+
+    sampler: str = "fifo"
+    reuse_limit: int = 1
+    reuse_decay: float = 1.0
+    cooldown: int = 0
+    max_staleness: int | None = None
+    pending_timeout: float | None = None
+    pending_action: str = "drop"
+    default_reward: float = 0.0
+    whole_groups: bool = False
+
+    def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise ValueError(" ".join(problems))
+
+    def _problems(self) -> list[str]:
+        out = []
+        if self.sampler not in SAMPLERS:
+            out.append(f"buffer sampler={self.sampler!r}: expected one of {SAMPLERS}.")
+        if not _is_int(self.reuse_limit) or self.reuse_limit < 1:
+            out.append(f"buffer reuse_limit={self.reuse_limit!r}: expected an integer >= 1 (1 = no replay).")
+        elif self.reuse_limit > 1 and self.sampler != "priority":
+            out.append(
+                f"buffer reuse_limit={self.reuse_limit} needs sampler='priority' (FIFO hands each "
+                "experience out exactly once); set sampler: priority or reuse_limit: 1."
+            )
+        if not isinstance(self.reuse_decay, (int, float)) or self.reuse_decay < 0:
+            out.append(f"buffer reuse_decay={self.reuse_decay!r}: expected a number >= 0.")
+        if not _is_int(self.cooldown) or self.cooldown < 0:
+            out.append(f"buffer cooldown={self.cooldown!r}: expected an integer >= 0 (get calls).")
+        if self.max_staleness is not None and (not _is_int(self.max_staleness) or self.max_staleness < 0):
+            out.append(f"buffer max_staleness={self.max_staleness!r}: expected None or an integer >= 0.")
+        if self.pending_timeout is not None and (
+            not isinstance(self.pending_timeout, (int, float)) or self.pending_timeout <= 0
+        ):
+            out.append(f"buffer pending_timeout={self.pending_timeout!r}: expected None or seconds > 0.")
+        if self.pending_action not in PENDING_ACTIONS:
+            out.append(f"buffer pending_action={self.pending_action!r}: expected one of {PENDING_ACTIONS}.")
+        if not isinstance(self.default_reward, (int, float)):
+            out.append(f"buffer default_reward={self.default_reward!r}: expected a number.")
+        return out
+
+    @property
+    def replay(self) -> bool:
+        """True for the priority sampler (use counts, cooldown and ``buffer/reuse`` apply)."""
+        return self.sampler == "priority"
+
+    def floor(self, min_version: int | None, current_version: int | None) -> int | None:
+        """The staleness floor: versions below it are dropped (None: no bound)."""
+        bounds = [] if min_version is None else [min_version]
+        if current_version is not None and self.max_staleness is not None:
+            bounds.append(current_version - self.max_staleness)
+        return max(bounds) if bounds else None
+
+    def priority(self, policy_version: int, use_count: int) -> float:
+        """``policy_version - use_count * reuse_decay`` (higher is handed out first)."""
+        return policy_version - use_count * float(self.reuse_decay)
+
+    def cooled_down(self, last_get: int | None, next_get: int) -> bool:
+        """Whether an experience last handed out by get ``last_get`` may go out in get ``next_get``."""
+        return last_get is None or last_get + self.cooldown < next_get
+
+    def expiry_cutoff(self, now: float) -> float | None:
+        """Pending experiences put before this clock time have expired (None: never)."""
+        return None if self.pending_timeout is None else now - self.pending_timeout
+
+    @property
+    def expired_reward(self) -> float | None:
+        """The reward an expired pending experience gets (None: it is dropped)."""
+        return float(self.default_reward) if self.pending_action == "default" else None
+
+
+def arrange(ordered: Sequence[T], n: int, group_of: Callable[[T], str] | None = None) -> list[T] | None:
+    """The first ``n`` of ``ordered`` (None if fewer), members of a group placed together first.
+
+    With ``group_of``, each group's members follow its first member, the groups keeping the order
+    of their first members; without it the order is kept as is.
+    """
+    items = list(ordered)
+    if group_of is not None:
+        groups: dict[str, list[T]] = {}
+        for item in items:
+            groups.setdefault(group_of(item), []).append(item)
+        items = [item for members in groups.values() for item in members]
+    return items[:n] if len(items) >= n else None
+
+
+def batch_metrics(
+    rules: SamplingRules, use_counts: Sequence[int], versions: Sequence[int], current_version: int | None
+) -> dict[str, float]:
+    """``buffer/reuse`` and ``buffer/staleness_*`` of one handed-out batch (see the module docstring)."""
+    out: dict[str, float] = {}
+    if rules.replay and use_counts:
+        out["buffer/reuse"] = sum(use_counts) / len(use_counts)
+    if current_version is not None and versions:
+        lag = [current_version - v for v in versions]
+        out["buffer/staleness_mean"] = sum(lag) / len(lag)
+        out["buffer/staleness_max"] = float(max(lag))
+    return out
