@@ -181,7 +181,7 @@ def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> 
 def build_buffer(cfg: RunConfig, run_dir: Path) -> Any:
     """The configured storage; SQL and file storages live in the run directory by default."""
     b = cfg.buffer
-    kwargs = dict(b.storage_args)
+    kwargs = {**b.model_dump(exclude={"storage", "url", "get_timeout", "storage_args"}), **b.storage_args}
     if b.storage in ("sql", "sqlite"):
         kwargs.setdefault("url", b.url or f"sqlite:///{run_dir / 'buffer.db'}")
     elif b.storage == "file":

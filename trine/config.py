@@ -209,6 +209,25 @@ class BufferConfig(Section):
     url: str | None = None
     """Database URL of the ``sql`` storage (default: ``sqlite:///<run_dir>/buffer.db``; PostgreSQL:
     ``postgresql+psycopg://user:password@host/db``)."""
+    sampler: Literal["fifo", "priority"] = "fifo"
+    """``fifo``: each experience once, oldest first. ``priority``: replay — fresher, less-used first,
+    each up to ``reuse_limit`` times, not again for ``cooldown`` gets."""
+    reuse_limit: int = 1
+    """Times an experience may be handed out (priority sampler)."""
+    reuse_decay: float = 1.0
+    """Priority = policy_version - use_count × reuse_decay."""
+    cooldown: int = 0
+    """Gets an experience waits after each use before it is eligible again."""
+    max_staleness: int | None = None
+    """Drop (and count) experiences more than this many versions older than the trainer's."""
+    pending_timeout: float | None = None
+    """Seconds a pending (reward=None) experience may wait for its reward."""
+    pending_action: Literal["drop", "default"] = "drop"
+    """What happens to pending experiences after ``pending_timeout``: dropped, or given ``default_reward``."""
+    default_reward: float = 0.0
+    """Reward given to timed-out pending experiences with ``pending_action: default``."""
+    whole_groups: bool = False
+    """Hand out a group only once every member has its reward (group advantages need them all)."""
     storage_args: dict[str, Any] = {}
     """Extra keyword arguments of the storage class."""
     get_timeout: float = 600.0

@@ -165,20 +165,19 @@ def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> b
 def _train_on(st: build.Stage) -> dict[str, float]:
     """buffer → trainer for the oldest explored batch."""
     _, n, metrics = st.pending[0]
-    experiences = st.buffer.get(n, timeout=st.cfg.buffer.get_timeout) if n else []
+    experiences = (
+        st.buffer.get(n, current_version=st.trainer.version, timeout=st.cfg.buffer.get_timeout) if n else []
+    )
     st.pending.pop(0)
     if st.expert is not None:  # MIX: expert rows ride along with the rollouts
         tasks = st.expert.next_batch(max(1, round(st.algorithm.expert_ratio * len(experiences))))
         experiences = experiences + build.sft_experiences(
             tasks, st.engine.tokenizer, st.cfg.tasks.expert.response_key
         )
-    lag = [st.trainer.version - e.policy_version for e in experiences] or [0]
     metrics = {
         **metrics,
         **st.trainer.step(experiences),
-        **st.buffer.metrics(),
-        "buffer/staleness_mean": sum(lag) / len(lag),
-        "buffer/staleness_max": float(max(lag)),
+        **st.buffer.metrics(),  # incl. buffer/staleness_mean|max of this batch (current_version given)
         "sync/seconds": st.sync.seconds,
         "trainer/version": float(st.trainer.version),
     }

@@ -19,8 +19,11 @@ def shape_batch(st: Stage, exps: list, metrics: dict, index: int, version: int) 
     from trine.buffer.operators import overlong_shaping, zero_variance_filter
 
     algo, max_tokens = st.algorithm, st.cfg.tasks.train.sampling.max_tokens
+    buffer = (
+        algo.overlong_buffer if algo.overlong_buffer >= 1 else max(1, int(algo.overlong_buffer * max_tokens))
+    )
     if algo.overlong_buffer:
-        exps, _ = overlong_shaping(exps, max_tokens, algo.overlong_buffer, algo.overlong_penalty)
+        exps, _ = overlong_shaping(exps, max_tokens, buffer, algo.overlong_penalty)
     if not algo.dynamic_sampling:
         return exps
     exps, counts = zero_variance_filter(exps)
@@ -32,7 +35,7 @@ def shape_batch(st: Stage, exps: list, metrics: dict, index: int, version: int) 
         draws += 1
         more, _ = st.explorer.explore(tasks, batch_index=index, version=version)
         if algo.overlong_buffer:
-            more, _ = overlong_shaping(more, max_tokens, algo.overlong_buffer, algo.overlong_penalty)
+            more, _ = overlong_shaping(more, max_tokens, buffer, algo.overlong_penalty)
         more, extra = zero_variance_filter(more)
         exps += more
         counts = {k: counts[k] + extra[k] for k in counts}

@@ -43,7 +43,7 @@ def sft_start(tmp_path_factory):
     return root / "run" / "checkpoints" / "step_200"
 
 
-def _rl(arithmetic_config, tmp_path, start, name: str, steps: int = 60, **algorithm) -> tuple[float, float]:
+def _rl(arithmetic_config, tmp_path, start, name: str, steps: int = 40, **algorithm) -> tuple[float, float]:
     eval_set = {
         "name": "addition",
         "path": str(EXAMPLE / "data" / "eval.jsonl"),
@@ -60,7 +60,7 @@ def _rl(arithmetic_config, tmp_path, start, name: str, steps: int = 60, **algori
                 "train": {"repeat": 8, "sampling": {"max_tokens": 6}},
             },
             "trainer": {"lr": 1e-3},
-            "eval": {"every": 30, "k": 8, "at_start": True},
+            "eval": {"every": 20, "k": 8, "at_start": True},
         },
         name=name,
     )

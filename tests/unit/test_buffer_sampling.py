@@ -163,7 +163,7 @@ def test_concurrent_readers_respect_the_reuse_limit(tmp_path, request):
         buf.put([exp(i, version=i % 3) for i in range(40)])
         taken: list[list[int]] = []
 
-        def reader(buf: SQLBuffer = buf) -> None:
+        def reader(buf: SQLBuffer = buf, taken: list[list[int]] = taken) -> None:
             while True:
                 try:
                     taken.append(ids(buf.get(5, timeout=0.1)))
@@ -186,12 +186,12 @@ def test_concurrent_readers_respect_the_reuse_limit(tmp_path, request):
 def test_max_staleness_drops_and_reports_staleness(make):
     buf = make(max_staleness=1)
     buf.put([exp(i, version=v) for i, v in enumerate([0, 1, 2, 3, 1, 3])])
-    assert ids(buf.get(2, current_version=3)) == [2, 3]  # floor 3 - 1 = 2 drops 0, 1 and 4
+    assert ids(buf.get(2, current_version=3, timeout=0)) == [2, 3]  # floor 3 - 1 = 2 drops 0, 1 and 4
     m = buf.metrics()
     assert m["buffer/dropped_stale"] == 3.0 and m["buffer/size"] == 1.0
     assert m["buffer/staleness_mean"] == 0.5 and m["buffer/staleness_max"] == 1.0
     buf.put([exp(6, version=2)])
-    assert ids(buf.get(1, min_version=3, current_version=3)) == [5]  # min_version wins: 3 > 2
+    assert ids(buf.get(1, min_version=3, current_version=3, timeout=0)) == [5]  # min_version wins: 3 > 2
     assert buf.metrics()["buffer/dropped_stale"] == 4.0
     buf.put([exp(7, version=0)])
     assert ids(buf.get(1, timeout=0)) == [7]  # no current_version: no bound, no staleness metrics
@@ -255,7 +255,6 @@ def test_sql_expired_rows_are_marked(tmp_path, request):
     buf = make(pending_timeout=1.0, clock=clock)
     buf.put([exp(0, reward=None), exp(1, version=0)])
     clock.now = 2.0
-    buf.get(1, min_version=1, timeout=0.05) if False else None
     with pytest.raises(BufferTimeout):
         buf.get(1, min_version=1, timeout=0)  # expires 0, drops 1 as stale
     rows = make.sql("SELECT reward_status, reward, expired_at FROM T ORDER BY seq")
@@ -273,16 +272,16 @@ def test_whole_groups_wait_for_pending_members_and_stay_together(make):
     a1 = exp(1, reward=None, group="A")
     buf.put([exp(0, group="A"), a1, exp(2, group="A"), exp(3, group="B"), exp(4), exp(5, group="B")])
     with pytest.raises(
-        BufferTimeout, match="only 3 of 4 .*1 pending, 2 waiting for a cooldown or their group"
+        BufferTimeout, match="only 3 of 4 .*1 pending a reward, 2 waiting for a cooldown or their group"
     ):
         buf.get(4, timeout=0)
     assert ids(buf.get(3, timeout=0)) == [3, 5, 4]  # group B together, then the ungrouped 4
     assert buf.set_rewards({a1.id: 0.0}) == 1
     assert ids(buf.get(3, timeout=0)) == [0, 1, 2]
-    # a batch boundary may split a group; the rest goes first next time
+    # only a batch boundary splits a group; the rest keeps its place (by its first member)
     buf.put([exp(6, group="C"), exp(7, group="D"), exp(8, group="C"), exp(9, group="C")])
     assert ids(buf.get(2, timeout=0)) == [6, 8]
-    assert ids(buf.get(2, timeout=0)) == [9, 7]
+    assert ids(buf.get(2, timeout=0)) == [7, 9]
 
 
 def test_whole_groups_with_priority_and_expired_members(make):
@@ -343,7 +342,7 @@ def test_state_round_trip_keeps_counters_and_replay_state(make):
     )
     buf = make(**options)
     buf.put([exp(0, version=1), exp(1, version=2), exp(2, version=0), exp(3, version=2, reward=None)])
-    assert ids(buf.get(1, current_version=2)) == [1]  # drops 2 (version 0 < 2 - 1)
+    assert ids(buf.get(1, current_version=2, timeout=0)) == [1]  # drops 2 (version 0 < 2 - 1)
     clock.now = 11.0
     expected = {
         "buffer/size": 2.0,

@@ -52,8 +52,9 @@ class Algorithm:
     """DAPO: drop groups whose rewards all agree and draw more tasks until the batch is full."""
     max_extra_draws: int = 4
     """DAPO dynamic sampling: at most this many extra task draws per batch, then it proceeds smaller."""
-    overlong_buffer: int = 0
-    """DAPO overlong shaping: soft penalty over the last N tokens before max_tokens (0 = off)."""
+    overlong_buffer: float = 0
+    """DAPO overlong shaping: soft penalty over the last N tokens before max_tokens (0 = off); a value
+    below 1 is a fraction of max_tokens (DAPO: 4096 of 20480 = 0.2)."""
     overlong_penalty: float = 1.0
     """DAPO overlong shaping: the penalty reached at max_tokens."""
     expert_ratio: float = 0.0

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trine.buffer.mappers import experience_text
+from trine.buffer.mappers import as_tokenizer, experience_text
 from trine.buffer.operators import Operator, add_lineage
 from trine.types import Experience
 
@@ -193,10 +193,7 @@ class DataJuicerOperator(Operator):
     def apply(self, experiences: list[Experience]) -> tuple[list[Experience], dict[str, float]]:
         if not experiences:
             return experiences, {"dropped": 0.0}
-        if isinstance(self.tokenizer, (str, Path)):
-            from trine.models import load_tokenizer
-
-            self.tokenizer = load_tokenizer(self.tokenizer)
+        self.tokenizer = as_tokenizer(self.tokenizer)
         texts = {
             src: [experience_text(e, src, self.tokenizer) for e in experiences]
             for src in set(self.fields.values())

@@ -60,9 +60,10 @@ def read_rows(run_dir: str | Path) -> list[tuple[Experience, str]] | None:
 def _sql_rows(url: str) -> list[tuple[Experience, str]]:
     import sqlalchemy as sa
 
-    from trine.buffer.sql import normalize_url
+    from trine.buffer.sql import SQLBuffer, normalize_url
     from trine.buffer.sql_schema import build_table, row_to_experience
 
+    SQLBuffer(url).close()  # opening it brings an older table's columns up to date
     engine = sa.create_engine(normalize_url(url))
     try:
         if not sa.inspect(engine).has_table("experiences"):
@@ -100,6 +101,12 @@ def _file_rows(path: Path) -> list[tuple[Experience, str]]:
         elif event in ("consumed", "dropped"):
             for i in record["ids"]:
                 status[i] = event
+        elif event == "expired":  # a pending reward that timed out: dropped, or given the default
+            for i in record.get("ids", [record.get("id")]):
+                if i in exps:
+                    reward = record.get("reward")
+                    exps[i].reward = reward if reward is not None else exps[i].reward
+                    status[i] = "ready" if reward is not None else "dropped"
     return [(e, status[i]) for i, e in exps.items()]
 
 

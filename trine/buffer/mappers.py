@@ -26,10 +26,12 @@ from trine.buffer.operators import Operator, add_lineage, groups_of, overlong_pe
 from trine.types import Experience
 
 
-def _add_part(e: Experience, name: str, key: str, amount: float) -> None:
+def _add_part(e: Experience, name: str | None, key: str, amount: float) -> None:
+    """``reward += amount``, recorded as ``reward_parts[key]`` (and ``name`` appended to the lineage)."""
     e.reward = float(e.reward) + amount
     e.info.setdefault("reward_parts", {})[key] = amount
-    add_lineage(e, name)
+    if name:
+        add_lineage(e, name)
 
 
 class RewardShaping(Operator):
@@ -67,9 +69,11 @@ class RewardShaping(Operator):
                         )
                     counts["missing"] += 1
                     continue
-                _add_part(e, self.name, f"shaping/{field}", weight * float(value))
+                _add_part(e, None, f"shaping/{field}", weight * float(value))
                 shaped = True
-            counts["shaped"] += shaped
+            if shaped:
+                add_lineage(e, self.name)
+                counts["shaped"] += 1
         return experiences, counts
 
 
@@ -168,6 +172,7 @@ class QualityMapper(Operator):
         self.template = template or (API_TEMPLATE if method == "api" else JUDGE_TEMPLATE)
         self.api_base, self.api_key_env, self.model_name = api_base, api_key_env, model
         self.policy_tokenizer = policy_tokenizer
+        self._client = None
         self.judge = (
             None if method == "api" else LocalLM(model, tokenizer, device, dtype, batch_size, max_length)
         )
@@ -193,10 +198,7 @@ class QualityMapper(Operator):
 
     def _decoder(self) -> Any:
         if self.policy_tokenizer is not None:
-            if isinstance(self.policy_tokenizer, (str, Path)):
-                from trine.models import load_tokenizer
-
-                self.policy_tokenizer = load_tokenizer(self.policy_tokenizer)
+            self.policy_tokenizer = as_tokenizer(self.policy_tokenizer)
             return self.policy_tokenizer
         return None if self.judge is None else self.judge.tokenizer
 
@@ -206,11 +208,12 @@ class QualityMapper(Operator):
         texts = [self.template.format(prompt=p, response=r) for p, r in zip(prompts, responses)]
         if self.method == "yes_prob":
             return self.judge.yes_probability(texts)
-        return [_api_rating(self.api_base, self.model_name, self.api_key_env, text) for text in texts]
+        if self._client is None:
+            self._client = _api_client(self.api_base, self.api_key_env)
+        return [_api_rating(self._client, self.model_name, text) for text in texts]
 
 
-def _api_rating(api_base: str | None, model: str, key_env: str, text: str) -> float | None:
-    """Ask an OpenAI-compatible chat endpoint for a 0–10 rating; ``rating / 10`` or None if unparsable."""
+def _api_client(api_base: str | None, key_env: str) -> Any:
     import os
 
     try:
@@ -219,7 +222,11 @@ def _api_rating(api_base: str | None, model: str, key_env: str, text: str) -> fl
         raise ImportError(
             "quality method='api' needs the openai package; install it with `pip install openai`."
         ) from err
-    client = openai.OpenAI(base_url=api_base, api_key=os.environ.get(key_env, "EMPTY"))
+    return openai.OpenAI(base_url=api_base, api_key=os.environ.get(key_env, "EMPTY"))
+
+
+def _api_rating(client: Any, model: str, text: str) -> float | None:
+    """Ask an OpenAI-compatible chat endpoint for a 0–10 rating; ``rating / 10`` or None if unparsable."""
     reply = client.chat.completions.create(
         model=str(model), messages=[{"role": "user", "content": text}], max_tokens=8, temperature=0.0
     )
@@ -287,6 +294,8 @@ class DiversityMapper(Operator):
         counts = {"scored": float(len(ready)), "pending": float(len(experiences) - len(ready)), "weight": w}
         if not ready:
             return experiences, counts
+        if self.policy_tokenizer is not None:
+            self.policy_tokenizer = as_tokenizer(self.policy_tokenizer)
         decoder = self.policy_tokenizer or self.embedder.tokenizer
         responses = [experience_text(e, "response", decoder) for e in ready]
         embeddings = self.embedder.embed(responses)
@@ -314,6 +323,15 @@ MAPPERS: dict[str, type[Operator]] = {
 
 
 # -- local auxiliary models ---------------------------------------------------------------------------
+
+
+def as_tokenizer(tokenizer: Any) -> Any:
+    """A loaded tokenizer: ``tokenizer`` itself, or the one saved at that path."""
+    if isinstance(tokenizer, (str, Path)):
+        from trine.models import load_tokenizer
+
+        return load_tokenizer(tokenizer)
+    return tokenizer
 
 
 def experience_text(e: Experience, which: str, tokenizer: Any) -> str:
@@ -463,8 +481,10 @@ class LocalLM:
         return out
 
     def _answer_ids(self, words: tuple[str, ...]) -> set[int]:
-        ids = (self.tokenizer(w, add_special_tokens=False)["input_ids"] for w in words)
-        return {x[0] for x in ids if x}
+        """First token ids of the spellings of an answer word (only single-token spellings when any)."""
+        ids = [x for x in (self.tokenizer(w, add_special_tokens=False)["input_ids"] for w in words) if x]
+        single = {x[0] for x in ids if len(x) == 1}
+        return single or {x[0] for x in ids}
 
     def embed(self, texts: list[str]):
         """Mean-pooled last hidden states of each text, ``[len(texts), hidden]`` (float32, CPU)."""
