@@ -44,6 +44,8 @@ class Stage:
     """Explored batches not yet trained: (batch index, experiences, explorer metrics)."""
     expert: Any = None
     """Scheduler of expert rows mixed into each batch (MIX)."""
+    operators: Any = None
+    """Operator pipeline between explorer and buffer (``buffer.operators``)."""
 
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
@@ -176,12 +178,19 @@ def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> 
         engine = HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
         stage.eval_explorer = _explorer(cfg, engine, None)
     stage.buffer = build_buffer(cfg, run_dir)
+    if cfg.buffer.operators:
+        from trine.buffer import build_pipeline
+
+        stage.operators = build_pipeline(cfg.buffer.operators)
 
 
 def build_buffer(cfg: RunConfig, run_dir: Path) -> Any:
     """The configured storage; SQL and file storages live in the run directory by default."""
     b = cfg.buffer
-    kwargs = {**b.model_dump(exclude={"storage", "url", "get_timeout", "storage_args"}), **b.storage_args}
+    kwargs = {
+        **b.model_dump(exclude={"storage", "url", "get_timeout", "storage_args", "operators"}),
+        **b.storage_args,
+    }
     if b.storage in ("sql", "sqlite"):
         kwargs.setdefault("url", b.url or f"sqlite:///{run_dir / 'buffer.db'}")
     elif b.storage == "file":

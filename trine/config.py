@@ -230,6 +230,19 @@ class BufferConfig(Section):
     """Hand out a group only once every member has its reward (group advantages need them all)."""
     storage_args: dict[str, Any] = {}
     """Extra keyword arguments of the storage class."""
+    operators: list[dict[str, Any]] = []
+    """Operator pipeline applied to explored experiences before they are stored, e.g.
+    ``[{name: invalid_reward}, {name: length, max_length: 512}, {name: diversity, model: path, weight: 0.5}]``."""
+
+    @field_validator("operators")
+    @classmethod
+    def _operators(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, spec in enumerate(v):
+            if not isinstance(spec, dict) or "name" not in spec:
+                raise ValueError(f"operators[{i}] must be a mapping with a 'name', got {spec!r}")
+            _check_name("operator", spec["name"])
+        return v
+
     get_timeout: float = 600.0
     """Seconds the trainer waits for a batch before failing with a clear error."""
 

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from trine import registry
 from trine.types import Experience, Task, new_id
 
@@ -85,21 +83,13 @@ class Explorer:
             results.append((experiences, self._metrics(experiences, mine, seconds)))
         return results
 
-    @torch.no_grad()
-    def _score_with_teacher(self, experiences: list[Experience], token_budget: int = 8192) -> None:
+    def _score_with_teacher(self, experiences: list[Experience]) -> None:
         """Store the teacher's logprobs of every sampled response in ``info["teacher_logprobs"]``."""
-        from trine.trainer.batching import collate, forward_logprobs, plan_micro_batches
+        from trine.models.batching import response_logprobs
 
-        device = next(self.teacher.parameters()).device
-        plan = plan_micro_batches([len(e.tokens) for e in experiences], token_budget)
-        for rows in plan:
-            batch = collate(experiences, rows, self.model.pad_id, device)
-            logprobs, _ = forward_logprobs(self.teacher, batch)
-            for i, row in enumerate(rows):
-                n = experiences[row].response_length
-                experiences[row].info["teacher_logprobs"] = (
-                    logprobs[i, logprobs.shape[1] - n :].tolist() if n else []
-                )
+        pairs = [(e.tokens[: e.prompt_length], e.response_tokens) for e in experiences]
+        for e, logprobs in zip(experiences, response_logprobs(self.teacher, pairs, pad_id=self.model.pad_id)):
+            e.info["teacher_logprobs"] = logprobs
 
     def evaluate(
         self, tasks: list[Task], *, name: str, k: int, greedy: bool, seed: int, success_threshold: float = 1.0

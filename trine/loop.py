@@ -157,6 +157,9 @@ def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> b
         st.scheduler.feedback(*pass_rates(experiences, st.cfg.eval.success_threshold))
     for j, (experiences, metrics) in enumerate(results):
         experiences = shape_batch(st, experiences, metrics, first + j, version)
+        if st.operators is not None:
+            experiences, op_metrics = st.operators(experiences, step=first + j)
+            metrics.update(op_metrics)
         st.buffer.put(experiences)
         st.pending.append((first + j, len(experiences), metrics))
     return len(batches) == count

@@ -14,35 +14,6 @@ pytestmark = pytest.mark.slow
 KEY = "eval/addition/avg@8"
 
 
-@pytest.fixture(scope="module")
-def sft_start(tmp_path_factory):
-    """tiny-1m after the main job's SFT warm-up (200 steps): ~20-30% avg@8, room to learn."""
-    import yaml
-
-    root = tmp_path_factory.mktemp("sft-start")
-    cfg = {
-        "name": "sft",
-        "run_dir": str(root / "run"),
-        "seed": 0,
-        "num_threads": 2,
-        "mode": "train",
-        "model": {"path": str(root / "model"), "init_preset": "tiny-1m"},
-        "algorithm": {"name": "sft"},
-        "tasks": {
-            "batch_size": 16,
-            "total_steps": 200,
-            "train": {"path": str(EXAMPLE / "data" / "train.jsonl")},
-        },
-        "trainer": {"lr": 3e-3},
-        "eval": {"at_start": False},
-        "monitor": {"sinks": ["jsonl"], "plot": False},
-    }
-    path = root / "sft.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    run(load_config(path))
-    return root / "run" / "checkpoints" / "step_200"
-
-
 def _rl(arithmetic_config, tmp_path, start, name: str, steps: int = 40, **algorithm) -> tuple[float, float]:
     eval_set = {
         "name": "addition",

@@ -108,3 +108,15 @@ def test_mixed_tasksets_with_weights_and_a_curriculum(arithmetic_config, tmp_pat
     for r in rows:
         per_batch.setdefault(r["batch"], []).append(r["task_id"].split("/")[0])
     assert all(sorted(v) == ["other", "train", "train", "train"] for v in per_batch.values())
+
+
+def test_operator_pipeline_between_explorer_and_buffer(arithmetic_config, tmp_path):
+    """buffer.operators runs on every explored batch, with per-operator counts and timing in the metrics."""
+    ops = [{"name": "invalid_reward"}, {"name": "length", "max_length": 3}, {"name": "duplicate_responses"}]
+    cfg = arithmetic_config({"buffer": {"operators": ops}, "tasks": {"total_steps": 2}}, name="ops")
+    run(load_config(cfg))
+    rows = read_metrics(tmp_path / "ops")
+    for r in rows:
+        assert r["operators/length/in"] == 16 and r["operators/length/out"] <= 16
+        assert r["operators/duplicate_responses/out"] == r.get("trainer/batch_size", 0)  # stored == trained
+        assert "operators/invalid_reward/seconds" in r

@@ -321,8 +321,9 @@ def test_local_lm_decodes_tokens_when_info_has_no_text(tiny):
 
 # -- Data-Juicer bridge ----------------------------------------------------------------------------
 
+DJ_MISSING = [m for m in ("data_juicer", "ray", "aiohttp") if importlib.util.find_spec(m) is None]
 needs_dj = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in ("data_juicer", "ray", "aiohttp")),
+    bool(DJ_MISSING),
     reason="Data-Juicer bridge needs the `data` extra: py-data-juicer (+ ray and aiohttp, which it imports)",
 )
 
@@ -349,3 +350,21 @@ def test_data_juicer_operator_filters_and_dedups_experiences():
     assert exps[1].info["data_juicer"] == {"text_len": len(responses[1])}
     assert exps[1].info["lineage"] == ["data_juicer"]
     assert exps[3].response_tokens == [3]  # tokens are never rewritten
+
+
+@pytest.mark.skipif(not DJ_MISSING, reason="the `data` extra is installed")
+def test_data_juicer_operator_without_the_extra_names_the_install_command():
+    with pytest.raises(ImportError, match=r"pip install 'trine\[data\]'"):
+        build_pipeline([{"name": "data_juicer", "process": [{"text_length_filter": {}}]}])
+
+
+def test_data_juicer_recipe_validation(tmp_path):
+    from trine.buffer.data_juicer import load_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("process:\n  - text_length_filter:\n      min_len: 3\n  - document_deduplicator\n")
+    assert load_recipe(recipe) == [{"text_length_filter": {"min_len": 3}}, {"document_deduplicator": {}}]
+    with pytest.raises(ValueError, match="non-empty list"):
+        load_recipe([])
+    with pytest.raises(ValueError, match="item #0"):
+        load_recipe([{"a": {}, "b": {}}])

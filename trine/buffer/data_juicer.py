@@ -183,6 +183,7 @@ class DataJuicerOperator(Operator):
         tokenizer: Any = None,
         num_proc: int = 1,
     ) -> None:
+        require_data_juicer()
         self.process = load_recipe(process)
         self.fields = dict(fields or {"text": "response"})
         bad = {k: v for k, v in self.fields.items() if v not in EXPERIENCE_SOURCES}

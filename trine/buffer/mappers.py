@@ -437,26 +437,14 @@ class LocalLM:
     def mean_logprobs(self, prompts: list[str], responses: list[str]) -> list[float]:
         """Mean log-probability per response token of each response given its (chat-templated)
         prompt; ``-inf`` for an empty response."""
-        import torch
+        from trine.models.batching import response_logprobs
 
         pairs = []
         for prompt, response in zip(prompts, responses):
             r = self.tokenizer(response, add_special_tokens=False)["input_ids"][: self.max_length - 1]
-            p = self._prompt_ids(prompt)[-(self.max_length - len(r)) :]
-            pairs.append((p, r))
-        out: list[float] = []
-        for start in range(0, len(pairs), self.batch_size):
-            chunk = pairs[start : start + self.batch_size]
-            logits, _ = self._forward([p + r for p, r in chunk])
-            logp = torch.log_softmax(logits, dim=-1)
-            for i, (p, r) in enumerate(chunk):
-                if not r:
-                    out.append(float("-inf"))
-                    continue
-                pos = torch.arange(len(p) - 1, len(p) + len(r) - 1)
-                target = torch.tensor(r, device=logp.device)
-                out.append(float(logp[i, pos.to(logp.device), target].mean()))
-        return out
+            pairs.append((self._prompt_ids(prompt)[-(self.max_length - len(r)) :], r))
+        scores = response_logprobs(self.model, pairs, pad_id=self.tokenizer.pad_token_id or 0)
+        return [sum(lp) / len(lp) if lp else float("-inf") for lp in scores]
 
     def yes_probability(self, texts: list[str]) -> list[float]:
         """``P(Yes) / (P(Yes) + P(No))`` of the next token after each (chat-templated) text."""

@@ -240,25 +240,13 @@ def nll_difficulty(
 def _mean_nll(
     lm: Any, pad_id: int, pairs: list[tuple[int, list[int], list[int]]], batch_size: int
 ) -> dict[int, float]:
-    """``{row number: mean NLL of the answer ids given the prompt ids}`` in right-padded batches."""
-    import torch
+    """``{row number: mean NLL of the answer ids given the prompt ids}``."""
+    from trine.models.batching import response_logprobs
 
-    scores: dict[int, float] = {}
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start : start + batch_size]
-        width = max(len(p) + len(a) for _, p, a in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, (_, p, a) in enumerate(chunk):
-            ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-            mask[i, : len(p) + len(a)] = 1
-        with torch.no_grad():
-            logits = lm(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits.float()
-        logp = torch.log_softmax(logits, dim=-1)
-        for i, (number, p, a) in enumerate(chunk):
-            pos = torch.arange(len(p) - 1, len(p) + len(a) - 1, device=logp.device)
-            scores[number] = -float(logp[i, pos, torch.tensor(a, device=logp.device)].mean())
-    return scores
+    scores = response_logprobs(
+        lm, [(p, a) for _, p, a in pairs], pad_id=pad_id, token_budget=max(1, batch_size) * 512
+    )
+    return {number: -sum(lp) / len(lp) for (number, _, _), lp in zip(pairs, scores)}
 
 
 def _load(model: Any, tokenizer: Any, device: str, dtype: str) -> tuple[Any, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trine.trainer.batching import MicroBatch
+from trine.models.batching import MicroBatch
 
 
 class ValueModel(torch.nn.Module):

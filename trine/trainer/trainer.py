@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trine.trainer.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches
+from trine.models.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches
 from trine.trainer.inputs import (
     SAMPLE_INPUTS,
     TOKEN_INPUTS,

@@ -145,3 +145,39 @@ def forward_logprobs(
             with torch.no_grad():
                 entropy = entropy_fn(logits.detach())
     return logprobs, entropy
+
+
+@torch.no_grad()
+def response_logprobs(
+    model: Any,
+    pairs: list[tuple[list[int], list[int]]],
+    *,
+    pad_id: int,
+    token_budget: int = 8192,
+    temperature: float = 1.0,
+) -> list[list[float]]:
+    """Per-token logprobs of each response given its prompt, ``[(prompt_ids, response_ids), ...]``.
+
+    The one scoring path for every model that only reads sequences (a teacher, a judge, difficulty
+    scoring): the same length-bucketed, left-padded ``logits_to_keep`` forward as the trainer, without
+    gradients. An empty response gets ``[]``; a prompt must hold at least one token.
+    """
+    exps = [
+        Experience(
+            tokens=list(p) + list(r),
+            prompt_length=len(p),
+            action_mask=[1] * len(r),
+            info={"temperature": temperature},
+        )
+        for p, r in pairs
+    ]
+    out: list[list[float]] = [[] for _ in pairs]
+    live = [i for i, (_, r) in enumerate(pairs) if r]
+    device = next(model.parameters()).device
+    for plan in plan_micro_batches([len(exps[i].tokens) for i in live], token_budget):
+        rows = [live[j] for j in plan]
+        logprobs, _ = forward_logprobs(model, collate(exps, rows, pad_id, device))
+        width = logprobs.shape[1]
+        for k, row in enumerate(rows):
+            out[row] = logprobs[k, width - len(pairs[row][1]) :].tolist()
+    return out

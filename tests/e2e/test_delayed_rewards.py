@@ -1,0 +1,66 @@
+"""Delayed rewards end to end: the workflow leaves rewards pending, a separate grader process fills
+them seconds later through `trine buffer reward`, and training waits for them and still learns."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import EXAMPLE, read_metrics
+from trine.buffer.inspect import read_rows
+from trine.config import load_config
+from trine.loop import run
+
+pytestmark = pytest.mark.slow
+
+KEY = "eval/addition/avg@8"
+
+
+def test_rewards_from_another_process_arrive_later_and_training_learns(
+    sft_start, arithmetic_config, tmp_path
+):
+    eval_set = {
+        "name": "addition",
+        "path": str(EXAMPLE / "data" / "eval.jsonl"),
+        "sampling": {"temperature": 1.0, "max_tokens": 6},
+    }
+    cfg = arithmetic_config(
+        {
+            "model": {"path": str(sft_start)},
+            "buffer": {"storage": "sql", "get_timeout": 120},
+            "tasks": {
+                "batch_size": 16,
+                "total_steps": 40,
+                "eval": [eval_set],
+                "train": {
+                    "repeat": 8,
+                    "sampling": {"max_tokens": 6},
+                    "workflow_args": {"defer_reward": True},
+                },
+            },
+            "trainer": {"lr": 1e-3},
+            "eval": {"every": 20, "k": 8, "at_start": True},
+        },
+        name="delayed",
+    )
+    run_dir, stop = tmp_path / "delayed", tmp_path / "stop"
+    grader = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("grader.py")), str(run_dir), "0.5", str(stop)]
+    )
+    try:
+        run(load_config(cfg))
+    finally:
+        stop.touch()
+        grader.wait(timeout=30)
+    rows = read_metrics(run_dir)
+    steps = [r for r in rows if "trainer/loss" in r]
+    assert len(steps) == 40
+    assert all(r["explorer/reward_mean"] is None for r in steps)  # no reward was known when sampled
+    stored = read_rows(run_dir)
+    assert len(stored) == 40 * 16 * 8
+    assert all(status == "consumed" and e.reward is not None for e, status in stored)  # graded, then trained
+    evals = [r[KEY] for r in rows if KEY in r]
+    assert max(evals[1:]) - evals[0] >= 0.10, f"avg@8 {evals[0]:.2f} -> {evals[1:]}"
