@@ -13,7 +13,9 @@ right-aligned like the micro-batches (``R`` = the step's longest response), so a
 | ``baseline_rewards`` | ``info["baseline_reward"]`` (e.g. ReMax's greedy rollout) |
 | ``is_expert`` | ``kind == "sft"`` or ``info["expert"]`` (MIX) |
 | ``action_mask`` | ``Experience.action_mask`` |
-| ``token_rewards`` | ``Experience.token_rewards`` (zeros where absent) |
+| ``token_rewards`` | ``Experience.token_rewards`` — the full per-token rewards (a workflow that sets them
+  includes its outcome); rows without them get their ``reward`` on the last token. Only passed when
+  some experience of the step has token rewards, so outcome-only steps use each function's own rule |
 | ``teacher_logprobs`` | ``info["teacher_logprobs"]`` (on-policy distillation) |
 """
 
@@ -59,11 +61,13 @@ def token_inputs(
     width = width or max(e.response_length for e in exps)
     sources = {
         "action_mask": lambda e: e.action_mask,
-        "token_rewards": lambda e: e.token_rewards or [0.0] * e.response_length,
+        "token_rewards": lambda e: e.token_rewards or _outcome_on_last_action(e),
         "teacher_logprobs": lambda e: _teacher(e),
     }
     out = {}
     for name in names:
+        if name == "token_rewards" and not any(e.token_rewards for e in exps):
+            continue
         if name in sources:
             out[name] = right_align([sources[name](e) for e in exps], width)
     return out
@@ -76,6 +80,14 @@ def right_align(values: list[list[float]], width: int) -> Tensor:
         if v:
             out[i, width - len(v) :] = torch.as_tensor(v, dtype=torch.float32)
     return out
+
+
+def _outcome_on_last_action(e: Experience) -> list[float]:
+    values = [0.0] * e.response_length
+    actions = [i for i, m in enumerate(e.action_mask) if m]
+    if actions:
+        values[actions[-1]] = float(e.reward or 0.0)
+    return values
 
 
 def _teacher(e: Experience) -> list[float]:

@@ -25,7 +25,6 @@ from trine.models.batching import MicroBatch, collate, forward_logprobs, plan_mi
 from trine.trainer.inputs import (
     SAMPLE_INPUTS,
     TOKEN_INPUTS,
-    right_align,
     sample_inputs,
     slice_rows,
     token_inputs,
@@ -160,7 +159,7 @@ class Trainer:
         )
         token_names = (adv_names | loss_names) & set(TOKEN_INPUTS)
         if self.critic is not None:
-            token_names |= {"token_rewards"}
+            token_names |= {"token_rewards", "action_mask"}
             step["values"] = self._assemble(batches, self.critic.values, len(exps), width)
         step.update(token_inputs(exps, tuple(sorted(token_names)), width))
         for batch in batches:
@@ -219,11 +218,8 @@ class Trainer:
         stats.add_once(adv_stats)
         if self.critic is not None:
             token_rewards = step.get("token_rewards")
-            outcome = right_align(
-                [[0.0] * (e.response_length - 1) + [float(e.reward)] for e in exps], step["values"].shape[1]
-            )
-            if token_rewards is None or not bool(token_rewards.any()):
-                token_rewards = outcome
+            if token_rewards is None:
+                token_rewards = algo.outcome_token_rewards_fn(base["rewards"], step["action_mask"]).float()
             gamma, lam = algo.advantage_args.get("gamma", 1.0), algo.advantage_args.get("lam", 1.0)
             _, step["returns"] = algo.returns_fn(
                 token_rewards, step["values"], step["action_mask"], gamma, lam
@@ -249,10 +245,8 @@ class Trainer:
         mask = self._assemble(batches, lambda b: b.action_mask, len(exps), width)
         rewards = sample_inputs(exps, ("rewards",))["rewards"]
         if "token_rewards" in algo.advantage_inputs:
-            tokens = (
-                step.get("token_rewards", torch.zeros_like(kl))
-                + algo.outcome_token_rewards_fn(rewards, mask).float()
-            )
+            tokens = step.get("token_rewards")
+            tokens = algo.outcome_token_rewards_fn(rewards, mask).float() if tokens is None else tokens
             step["token_rewards"], kl_stats = algo.kl_in_reward_fn(tokens, kl, self.kl_coef, mask)
         else:
             step["shaped_rewards"], kl_stats = algo.kl_in_reward_fn(rewards, kl, self.kl_coef, mask)
