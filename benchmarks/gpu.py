@@ -24,9 +24,18 @@ from common import markdown_table, report, tiny_model
 def build_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
-                         max_position_embeddings=4096, eos_token_id=2, pad_token_id=0)
+    config = Qwen2Config(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
     return model
@@ -52,9 +61,17 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     rng = random.Random(0)
     vocab = model.config.vocab_size
-    batch = [Experience(tokens=[rng.randrange(3, vocab) for _ in range(512)], prompt_length=256,
-                        action_mask=[1] * 256, logprobs=[-1.0] * 256, reward=float(i % 2), group_id=str(i // 8))
-             for i in range(64)]
+    batch = [
+        Experience(
+            tokens=[rng.randrange(3, vocab) for _ in range(512)],
+            prompt_length=256,
+            action_mask=[1] * 256,
+            logprobs=[-1.0] * 256,
+            reward=float(i % 2),
+            group_id=str(i // 8),
+        )
+        for i in range(64)
+    ]
     trainer = Trainer(model, PRESETS["grpo"], pad_token_id=0, lr=1e-6, micro_batch_tokens=16384)
     trainer.step(batch)  # warm-up
     torch.cuda.synchronize()
@@ -78,10 +95,20 @@ def main() -> None:
         start = time.perf_counter()
         engine.generate_batch([(p, sampling) for p in prompts])
         torch.cuda.synchronize()
-        rows.append([f"engine, batch {size} x 256 new tokens", f"{size * 256 / (time.perf_counter() - start):,.0f}", "-"])
+        rows.append(
+            [
+                f"engine, batch {size} x 256 new tokens",
+                f"{size * 256 / (time.perf_counter() - start):,.0f}",
+                "-",
+            ]
+        )
     table = markdown_table(["workload", "tokens/s", "MFU"], rows)
-    report(f"GPU throughput (Qwen2-0.5B-shaped, {params / 1e6:.0f}M params, bf16, {torch.cuda.get_device_name(0)})",
-           table, f"Median of {args.steps} trainer steps; MFU against {args.peak_tflops} TFLOP/s.", write=not args.no_write)
+    report(
+        f"GPU throughput (Qwen2-0.5B-shaped, {params / 1e6:.0f}M params, bf16, {torch.cuda.get_device_name(0)})",
+        table,
+        f"Median of {args.steps} trainer steps; MFU against {args.peak_tflops} TFLOP/s.",
+        write=not args.no_write,
+    )
 
 
 if __name__ == "__main__":

@@ -276,6 +276,18 @@ class AlgorithmConfig(Section):
     """Adaptive KL horizon in samples."""
     entropy_coef: float | None = None
     """Entropy bonus coefficient."""
+    critic_args: dict[str, Any] | None = None
+    """Arguments of the critic's value loss (e.g. ``clip_eps``), for algorithms with a critic."""
+    dynamic_sampling: bool | None = None
+    """Drop groups whose rewards all agree and draw more tasks until the batch is full (DAPO)."""
+    max_extra_draws: int | None = None
+    """Dynamic sampling: at most this many extra task draws per batch."""
+    overlong_buffer: float | None = None
+    """Overlong reward shaping over the last N tokens before max_tokens (< 1: a fraction of max_tokens; 0: off)."""
+    overlong_penalty: float | None = None
+    """Overlong reward shaping: the penalty at max_tokens."""
+    expert_ratio: float | None = None
+    """MIX: expert rows per rollout row (from ``tasks.expert``)."""
 
     _name = field_validator("name")(lambda v: _check_name("algorithm", v))
     _adv = field_validator("advantage")(lambda v: _check_name("advantage", v))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trine.models import load_model, load_tokenizer
-from trine.models.engine import HFEngine
 from trine.models.batching import collate, forward_logprobs
+from trine.models.engine import HFEngine
 from trine.types import Experience, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

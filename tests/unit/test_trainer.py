@@ -311,3 +311,26 @@ def test_kl_as_reward_penalty_with_adaptive_coefficient(tiny_model_dir, experien
     assert trainer.kl_coef == pytest.approx(0.5 * (1 + 0.2 * len(experiences) / 10.0))
     assert metrics["trainer/kl_coef"] == pytest.approx(trainer.kl_coef)
     assert trainer.state_dict()["kl_coef"] == trainer.kl_coef
+
+
+def test_ppo_returns_are_the_outcome_reward_for_outcome_only_rollouts(tiny_model_dir, experiences):
+    """With γ = λ = 1 the critic's GAE targets equal the outcome reward at every action token, and the
+    policy advantages follow the reward (not zeros from absent token rewards)."""
+    from trine.trainer.critic import Critic, ValueModel
+
+    model = load_model(tiny_model_dir)
+    algo = PRESETS["ppo"].with_overrides(advantage_args={"gamma": 1.0, "lam": 1.0, "whiten": False})
+    trainer = Trainer(model, algo, pad_token_id=0, critic=Critic(ValueModel.from_policy(model), lr=1e-3))
+    from trine.trainer.trainer import _Sums
+
+    minis = trainer._prepare(experiences, _Sums())
+    for batch in (b for mbs, _ in minis for b in mbs):
+        mask = batch.action_mask.bool()
+        for row, exp_index in enumerate(batch.rows):
+            returns = batch.extras["returns"][row][mask[row]]
+            assert torch.allclose(returns, torch.full_like(returns, experiences[exp_index].reward))
+            # zero-initialised critic: advantages = returns - 0
+            adv = batch.extras["advantages"][row][mask[row]]
+            assert torch.allclose(adv, returns)
+    metrics = trainer.step(experiences)
+    assert metrics["trainer/value_loss"] > 0

@@ -186,7 +186,7 @@ PRESETS: dict[str, Algorithm] = {
             "DAPO, arXiv 2503.14476",
             loss_args={"clip_low": 0.2, "clip_high": 0.28},
             dynamic_sampling=True,
-            overlong_buffer=4,
+            overlong_buffer=0.2,
             overlong_penalty=1.0,
         ),
         _preset(

@@ -306,12 +306,65 @@ def format_warmup_rows(
     return rows
 
 
-def write_warmup_data(
-    path: str | Path = "examples/grid_world/data/warmup.jsonl", n: int = 2048, *, size: int = 3, seed: int = 0
-) -> Path:
-    """Write :func:`format_warmup_rows` (``n`` rows, one hole) to ``path`` as jsonl; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = format_warmup_rows(n, size=size, holes=1, seed=seed)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
+def symmetries(layout: list[str]) -> list[list[str]]:
+    """The 8 images of a square ``layout`` under rotations and reflections (possibly repeated)."""
+    grid = [list(row) for row in layout]
+    out = []
+    for _ in range(4):
+        grid = [list(row) for row in zip(*grid[::-1])]  # rotate 90 degrees clockwise
+        out += [["".join(row) for row in grid], ["".join(row[::-1]) for row in grid]]
+    return out
+
+
+def balanced_grid_world_tasks(
+    n: int,
+    *,
+    size: int = 3,
+    holes: int | None = None,
+    seed: int = 0,
+    max_steps: int = 8,
+    exclude: list[list[str]] | None = None,
+) -> list[dict[str, Any]]:
+    """Rows with explicit ``layout``: the 8 symmetric images of layouts seeded ``seed ..
+    seed + n - 1``, deduplicated, minus the layouts in ``exclude`` (e.g. an eval set).
+
+    Closing the set under rotations and reflections makes every direction equally often the
+    right one, so a policy cannot gain reward by a state-independent preference for one action
+    (which a few random layouts allow: the 32 example train layouts have the goal left of the
+    start 15 times and right of it 7 times).
+    """
+    holes = default_holes(size) if holes is None else holes
+    seen = {tuple(layout) for layout in exclude or []}
+    rows = []
+    for s in range(seed, seed + n):
+        for layout in symmetries(make_layout(size, holes, s)):
+            if tuple(layout) in seen:
+                continue
+            seen.add(tuple(layout))
+            rows.append(
+                {
+                    "question": f"Grid world {size}x{size}: {'/'.join(layout)}. Walk from S to G without stepping on H.",
+                    "layout": layout,
+                    "max_steps": max_steps,
+                }
+            )
+    return rows
+
+
+def write_learning_data(directory: str | Path = "examples/grid_world/data") -> list[Path]:
+    """Write the data of ``examples/grid_world/config.yaml`` besides ``train/eval.jsonl``:
+    ``warmup.jsonl`` (2048 :func:`format_warmup_rows`, one hole) and ``train_balanced.jsonl``
+    (:func:`balanced_grid_world_tasks` of 32 layouts, without the ``eval.jsonl`` layouts)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    evals = [json.loads(line) for line in (directory / "eval.jsonl").read_text(encoding="utf-8").splitlines()]
+    exclude = [make_layout(r["size"], r["holes"], r["seed"]) for r in evals]
+    data = {
+        "warmup.jsonl": format_warmup_rows(2048, size=3, holes=1, seed=0),
+        "train_balanced.jsonl": balanced_grid_world_tasks(
+            32, size=3, holes=1, seed=0, max_steps=6, exclude=exclude
+        ),
+    }
+    for name, rows in data.items():
+        (directory / name).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return [directory / name for name in data]
