@@ -19,7 +19,7 @@ def _rows(run_dir: Path, status: str | None = None):
     if status is not None and status not in STATUSES:
         raise typer.BadParameter(f"--status {status!r}; expected one of {', '.join(STATUSES)}")
     try:
-        rows = read_rows(run_dir)
+        rows = read_rows(run_dir, status)
     except FileNotFoundError as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

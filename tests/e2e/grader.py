@@ -23,7 +23,7 @@ def main(run_dir: str, delay: float, stop_file: str) -> None:
         if not (Path(run_dir) / "buffer.db").exists():
             time.sleep(0.2)
             continue
-        pending = [e for e, status in read_rows(run_dir) if status == "pending" and e.id not in posted]
+        pending = [e for e, _ in read_rows(run_dir, "pending") if e.id not in posted]
         if not pending:
             time.sleep(0.2)
             continue

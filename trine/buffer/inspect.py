@@ -45,19 +45,19 @@ def open_run_buffer(run_dir: str | Path) -> Any:
     )
 
 
-def read_rows(run_dir: str | Path) -> list[tuple[Experience, str]] | None:
-    """Every stored experience of a run with its status, oldest first (None for an in-memory buffer,
-    which only its checkpoints keep: see :func:`rows_from_state`)."""
+def read_rows(run_dir: str | Path, status: str | None = None) -> list[tuple[Experience, str]] | None:
+    """Every stored experience of a run (or those with ``status``) with its status, oldest first
+    (None for an in-memory buffer, which only its checkpoints keep: see :func:`rows_from_state`)."""
     cfg, run_dir = run_buffer_config(run_dir), Path(run_dir)
     storage = cfg.get("storage", "memory")
     if storage in ("sql", "sqlite"):
-        return _sql_rows(cfg.get("url") or f"sqlite:///{run_dir / 'buffer.db'}")
+        return _sql_rows(cfg.get("url") or f"sqlite:///{run_dir / 'buffer.db'}", status)
     if storage == "file":
-        return _file_rows(run_dir / "buffer.jsonl")
+        return [r for r in _file_rows(run_dir / "buffer.jsonl") if status is None or r[1] == status]
     return None
 
 
-def _sql_rows(url: str) -> list[tuple[Experience, str]]:
+def _sql_rows(url: str, status: str | None = None) -> list[tuple[Experience, str]]:
     import sqlalchemy as sa
 
     from trine.buffer.sql import SQLBuffer, normalize_url
@@ -69,8 +69,14 @@ def _sql_rows(url: str) -> list[tuple[Experience, str]]:
         if not sa.inspect(engine).has_table("experiences"):
             return []
         table = build_table(sa.MetaData(), "experiences")
+        query = sa.select(table).order_by(table.c.seq)
+        if status == "consumed":
+            query = query.where(table.c.consumed_at.is_not(None), table.c.reward_status != "dropped")
+        elif status is not None:
+            query = query.where(table.c.reward_status == status)
+            query = query.where(table.c.consumed_at.is_(None)) if status != "dropped" else query
         with engine.connect() as conn:
-            rows = conn.execute(sa.select(table).order_by(table.c.seq)).fetchall()
+            rows = conn.execute(query).fetchall()
     finally:
         engine.dispose()
     out = []
