@@ -23,6 +23,12 @@ def _buffer_commands() -> typer.Typer:
     return buffer_app
 
 
+def _tasks_commands() -> typer.Typer:
+    from trine.cli_tasks import tasks_app
+
+    return tasks_app
+
+
 PLUGIN_HELP = "Python file(s) to load first; their @trine.register(...) plugins become valid names."
 
 
@@ -131,6 +137,7 @@ def _pct(value: float | None) -> str:
 
 
 app.add_typer(_buffer_commands(), name="buffer")
+app.add_typer(_tasks_commands(), name="tasks")
 
 
 def main() -> None:  # pragma: no cover
