@@ -64,3 +64,28 @@ def test_rewards_from_another_process_arrive_later_and_training_learns(
     assert all(status == "consumed" and e.reward is not None for e, status in stored)  # graded, then trained
     evals = [r[KEY] for r in rows if KEY in r]
     assert max(evals[1:]) - evals[0] >= 0.10, f"avg@8 {evals[0]:.2f} -> {evals[1:]}"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_example_learns_with_a_sql_buffer(backend, sft_start, arithmetic_config, tmp_path):
+    """One config line switches the buffer; the arithmetic run learns with SQLite and PostgreSQL."""
+    import os
+    import uuid
+
+    buffer = {"storage": "sql"}
+    if backend == "postgresql":
+        url = os.environ.get("TRINE_TEST_POSTGRES_URL")
+        if not url:
+            pytest.skip("set TRINE_TEST_POSTGRES_URL (scripts/postgres.sh starts a local server)")
+        buffer.update(url=url, storage_args={"table": f"learn_{uuid.uuid4().hex[:8]}"})
+    eval_set = {"name": "addition", "path": str(EXAMPLE / "data" / "eval.jsonl"),
+                "sampling": {"temperature": 1.0, "max_tokens": 6}}
+    cfg = arithmetic_config({
+        "model": {"path": str(sft_start)}, "buffer": buffer,
+        "tasks": {"batch_size": 16, "total_steps": 30, "eval": [eval_set],
+                  "train": {"repeat": 8, "sampling": {"max_tokens": 6}}},
+        "trainer": {"lr": 1e-3}, "eval": {"every": 15, "k": 8, "at_start": True},
+    }, name=backend)
+    run(load_config(cfg))
+    evals = [r[KEY] for r in read_metrics(tmp_path / backend) if KEY in r]
+    assert max(evals[1:]) - evals[0] >= 0.10, evals

@@ -48,6 +48,7 @@ _ACTION_RE = re.compile(
     re.IGNORECASE,
 )
 CELLS = "SFHG"
+VIEWS = ("grid", "grid_last", "coords")
 
 INSTRUCTION = "You are A. Reach G, avoid H. Actions: up, down, left, right. Reply with one action."
 
@@ -144,7 +145,11 @@ class GridWorld:
         seed: int = 0,
         max_steps: int = 8,
         layout: list[str] | None = None,
+        view: str = "grid",
     ) -> None:
+        if view not in VIEWS:
+            raise ValueError(f"view={view!r}; expected one of {VIEWS}.")
+        self.view = view
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps={max_steps!r}; expected an integer >= 1.")
         self.layout = (
@@ -167,6 +172,13 @@ class GridWorld:
 
     def observation(self) -> str:
         """The grid (cells separated by spaces, the agent as ``A``) and the instruction."""
+        if self.view == "grid_last":
+            return INSTRUCTION + "\n" + "\n".join(" ".join("A" if (r, c) == self.position else x for c, x in enumerate(row)) for r, row in enumerate(self.layout))
+        if self.view == "coords":
+            find = lambda ch: [(r, c) for r, row in enumerate(self.layout) for c, x in enumerate(row) if x == ch]
+            g = find("G")[0]
+            holes = " ".join(f"{r},{c}" for r, c in find("H"))
+            return f"{INSTRUCTION}\nA {self.position[0]},{self.position[1]} G {g[0]},{g[1]} H {holes}"
         rows = []
         for r, row in enumerate(self.layout):
             cells = ["A" if (r, c) == self.position else cell for c, cell in enumerate(row)]
