@@ -74,7 +74,9 @@ def head(
     run_dir: Path = RUN_DIR,
     n: int = typer.Option(5, "-n", help="How many experiences."),
     bottom: bool = typer.Option(False, "--bottom", help="Lowest rewards instead of highest."),
-    status: str = typer.Option(None, help="Only this status (pending, ready, consumed, dropped)."),
+    status: str = typer.Option(
+        None, help="Only this status (pending, ready, consumed, dropped, rolled_back)."
+    ),
 ) -> None:
     """The top (or bottom) experiences by reward, decoded to text."""
     from rich.console import Console

@@ -78,14 +78,26 @@ def test_the_example_learns_with_a_sql_buffer(backend, sft_start, arithmetic_con
         if not url:
             pytest.skip("set TRINE_TEST_POSTGRES_URL (scripts/postgres.sh starts a local server)")
         buffer.update(url=url, storage_args={"table": f"learn_{uuid.uuid4().hex[:8]}"})
-    eval_set = {"name": "addition", "path": str(EXAMPLE / "data" / "eval.jsonl"),
-                "sampling": {"temperature": 1.0, "max_tokens": 6}}
-    cfg = arithmetic_config({
-        "model": {"path": str(sft_start)}, "buffer": buffer,
-        "tasks": {"batch_size": 16, "total_steps": 30, "eval": [eval_set],
-                  "train": {"repeat": 8, "sampling": {"max_tokens": 6}}},
-        "trainer": {"lr": 1e-3}, "eval": {"every": 15, "k": 8, "at_start": True},
-    }, name=backend)
+    eval_set = {
+        "name": "addition",
+        "path": str(EXAMPLE / "data" / "eval.jsonl"),
+        "sampling": {"temperature": 1.0, "max_tokens": 6},
+    }
+    cfg = arithmetic_config(
+        {
+            "model": {"path": str(sft_start)},
+            "buffer": buffer,
+            "tasks": {
+                "batch_size": 16,
+                "total_steps": 30,
+                "eval": [eval_set],
+                "train": {"repeat": 8, "sampling": {"max_tokens": 6}},
+            },
+            "trainer": {"lr": 1e-3},
+            "eval": {"every": 15, "k": 8, "at_start": True},
+        },
+        name=backend,
+    )
     run(load_config(cfg))
     evals = [r[KEY] for r in read_metrics(tmp_path / backend) if KEY in r]
     assert max(evals[1:]) - evals[0] >= 0.10, evals

@@ -12,8 +12,13 @@ written exactly (Python ``repr``). A :class:`FileBuffer` log adds event lines, r
 priority-sampler get: each use count grows by one, those at ``reuse_limit`` are consumed),
 ``{"_event": "dropped", "ids": [...]}`` (stale) and ``{"_event": "expired", "ids": [...], "reward":
 null or a number}`` (pending past ``pending_timeout``: dropped, or given the default reward).
-:func:`import_experiences` applies the rewards of ``reward`` and ``expired`` events and ignores the
-others, so a buffer's log imports as its experiences.
+``{"_event": "rewind", "to": N}`` (a run resumed from a checkpoint taken when the log held ``N``
+records) undoes what the records between the ``N``-th and itself did: experiences put there are
+*rolled back* (gone), hand-outs, stale drops and expiries there are undone; only the rewards filled
+in there (by a grader, which will not send them again) stay. :func:`resolve_rewinds` gives the
+records in effect. :func:`import_experiences` reads the records in effect, applies the rewards of
+``reward`` and ``expired`` events and ignores the others, so a buffer's log imports as its
+experiences (without rolled-back ones).
 
 ``.parquet`` — columns ``id`` string, ``tokens`` list<int32>, ``prompt_length`` int32,
 ``action_mask`` list<int32>, ``logprobs`` list<float32> (null when None), ``reward`` float64 (null
@@ -90,7 +95,7 @@ def import_experiences(path: str | os.PathLike[str]) -> list[Experience]:
         raise FileNotFoundError(f"experience file {str(path)!r} does not exist; check the path.")
     if _suffix(path) == ".jsonl":
         found: dict[str, Experience] = {}
-        for record in _read_jsonl(path):
+        for record in resolve_rewinds(_read_jsonl(path)):
             if "_event" not in record:
                 e = Experience.from_dict(record)
                 found[e.id] = e
@@ -128,6 +133,42 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def resolve_rewinds(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of a log in effect once its ``rewind`` events are applied (module docstring).
+
+    A rewind to ``N`` keeps the records in effect after the first ``N`` log records plus the
+    ``reward`` events logged since; rewinds themselves are not in the result.
+    """
+    live: list[dict[str, Any]] = []
+    at = [0]  # at[i]: len(live) after the first i records of the log
+    for record in records:
+        if record.get("_event") == "rewind":
+            kept = at[min(max(int(record["to"]), 0), len(at) - 1)]
+            live = live[:kept] + [r for r in live[kept:] if r.get("_event") == "reward"]
+        else:
+            live.append(record)
+        at.append(len(live))
+    return live
+
+
+def _repair_tail(path: Path) -> None:
+    """End the log with a newline, cutting a torn last record (a crash mid-write), so appends stay valid."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    try:
+        json.loads(data[cut:])
+    except ValueError:
+        warnings.warn(
+            f"{path}: cutting a truncated last line (a torn record: a crash mid-write)", stacklevel=4
+        )
+        os.truncate(path, cut)
+        return
+    with path.open("ab") as f:
+        f.write(b"\n")
+
+
 class FileBuffer(MemoryBuffer):
     """A buffer kept as an append-only jsonl log (format in the module docstring).
 
@@ -153,12 +194,19 @@ class FileBuffer(MemoryBuffer):
         if self.path.suffix != ".jsonl":
             raise ValueError(f"FileBuffer path={str(self.path)!r}: expected a '.jsonl' file.")
         self.fsync = fsync
+        self._records = 0
+        """Records in the log (``state_dict`` keeps it as the high-water mark of a checkpoint)."""
+        self.last_rewind: dict[str, int] = {}
+        """What the last ``load_state_dict`` undid: ``rolled_back`` puts and ``restored`` experiences."""
         if self.path.exists():
             self._replay()
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def _replay(self) -> None:
-        for record in _read_jsonl(self.path):
+        _repair_tail(self.path)
+        records = _read_jsonl(self.path)
+        self._records = len(records)
+        for record in resolve_rewinds(records):
             if "_event" in record:
                 self._apply(record)
             else:
@@ -174,13 +222,31 @@ class FileBuffer(MemoryBuffer):
             f.flush()
             if self.fsync:
                 os.fsync(f.fileno())
+        self._records += len(records)
 
     def state_dict(self) -> dict[str, Any]:
-        """The log file is the state; this records its path and the counters."""
+        """The log file is the state; this records its path, its length (``records``) and the counters."""
         with self._cond:
-            return {"path": str(self.path), **self._counters()}
+            return {"path": str(self.path), "records": self._records, **self._counters()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the counters (the experiences were replayed from the file when it was opened)."""
+        """Rewind the buffer to the checkpoint that saved ``state``, then restore the counters.
+
+        The experiences were replayed from the file when it was opened. If the log grew after the
+        checkpoint (a crash), a ``rewind`` record is appended and the log replayed again: what was
+        put after the checkpoint is rolled back, what was handed out, dropped or expired after it is
+        back as it was, and rewards filled in after it stay. Nothing happens after a clean stop.
+        """
         with self._cond:
+            mark = state.get("records")
+            self.last_rewind = {"rolled_back": 0, "restored": 0}
+            if mark is not None and int(mark) < self._records:
+                tail = _read_jsonl(self.path)[int(mark) :]
+                added = {r["id"] for r in tail if "_event" not in r}
+                undone = {"consumed", "used", "dropped", "expired"}
+                touched = {i for r in tail if r.get("_event") in undone for i in r["ids"]} - added
+                self._journal([{"_event": "rewind", "to": int(mark)}])
+                self._clear()
+                self._replay()
+                self.last_rewind = {"rolled_back": len(added), "restored": len(touched)}
             self._load_counters(state)

@@ -1,7 +1,8 @@
 """Reading a run's stored experiences for inspection (``trine buffer ...``), whatever the storage.
 
 Every experience comes back with its status: ``pending`` (reward not known yet), ``ready``
-(trainable, not taken), ``consumed`` (handed to the trainer) or ``dropped`` (stale). SQL storages are
+(trainable, not taken), ``consumed`` (handed to the trainer), ``dropped`` (stale) or ``rolled_back``
+(put after the checkpoint a crashed run resumed from; the resumed run explored it again). SQL storages are
 read through their documented table (:mod:`trine.buffer.sql_schema`), file storages by replaying their
 log, and in-memory buffers from the run's last checkpoint (which holds what was not trained yet).
 """
@@ -15,7 +16,7 @@ import yaml
 
 from trine.types import Experience
 
-STATUSES = ("pending", "ready", "consumed", "dropped")
+STATUSES = ("pending", "ready", "consumed", "dropped", "rolled_back")
 
 
 def run_buffer_config(run_dir: str | Path) -> dict[str, Any]:
@@ -89,19 +90,18 @@ def _sql_rows(url: str, status: str | None = None) -> list[tuple[Experience, str
 
 
 def _file_rows(path: Path) -> list[tuple[Experience, str]]:
-    from trine.buffer.files import _read_jsonl
+    from trine.buffer.files import _read_jsonl, resolve_rewinds
 
     if not path.is_file():
         return []
-    exps: dict[str, Experience] = {}
-    status: dict[str, str] = {}
-    for record in _read_jsonl(path):
+    records = _read_jsonl(path)
+    exps = {r["id"]: Experience.from_dict(r) for r in records if "_event" not in r}
+    status = dict.fromkeys(exps, "rolled_back")  # unless in effect (see trine.buffer.files)
+    for record in resolve_rewinds(records):
         event = record.get("_event")
         if event is None:
-            e = Experience.from_dict(record)
-            exps[e.id] = e
-            status[e.id] = "pending" if e.reward is None else "ready"
-        elif event == "reward" and record["id"] in exps:
+            status[record["id"]] = "pending" if record.get("reward") is None else "ready"
+        elif event == "reward" and status.get(record["id"], "rolled_back") != "rolled_back":
             exps[record["id"]].reward = float(record["reward"])
             status[record["id"]] = "ready"
         elif event in ("consumed", "dropped"):

@@ -101,6 +101,12 @@ class MemoryBuffer:
     def _journal(self, records: list[dict[str, Any]]) -> None:
         """Record a change before it takes effect (no-op here; persistent subclasses write it)."""
 
+    def _clear(self) -> None:
+        """Forget every experience and counter (a persistent subclass then replays its log)."""
+        self._ready, self._pending, self._seq = {}, {}, 0
+        self.dropped_stale = self.consumed = self.pending_expired = self.gets = 0
+        self.last_batch = {}
+
     def _record(self, event: dict[str, Any]) -> None:
         self._journal([event])
         self._apply(event)

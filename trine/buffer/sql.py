@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from trine.buffer.sampling import SamplingRules, batch_metrics
 from trine.buffer.sql_schema import (
     PENDING,
     READY,
+    ROLLED_BACK,
     add_missing_columns,
     build_table,
     experience_to_row,
@@ -84,6 +85,9 @@ class SQLBuffer:
             :class:`~trine.buffer.memory.MemoryBuffer`'s (see :mod:`trine.buffer.sampling`).
         clock: time of puts and of the pending timeout; unix time by default, because
             ``created_at`` is compared across processes (inject a fake one in tests).
+        rewind: on ``load_state_dict`` (resuming a run), put the table back as it was at the
+            checkpoint (see there). Set False when other processes keep writing to the table
+            while this one resumes: their rows put since the checkpoint would be rolled back.
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class SQLBuffer:
         default_reward: float = 0.0,
         whole_groups: bool = False,
         clock: Callable[[], float] = time.time,
+        rewind: bool = True,
     ) -> None:
         if not table.isidentifier():
             raise ValueError(f"SQLBuffer table={table!r}: expected a plain identifier such as 'experiences'.")
@@ -115,6 +120,9 @@ class SQLBuffer:
             pending_timeout, pending_action, default_reward, whole_groups,
         )  # fmt: skip
         self.clock = clock
+        self.rewind = rewind
+        self.last_rewind: dict[str, int] = {}
+        """Rows the last ``load_state_dict`` rolled back and restored (see there)."""
         self.consumed = 0
         """Experiences handed out by this object (the database counts for all processes)."""
         self.dropped_stale = 0
@@ -401,7 +409,13 @@ class SQLBuffer:
         return {**out, **self.last_batch}
 
     def state_dict(self) -> dict[str, Any]:
-        """The database is the state; this records where it is (password hidden) and the counters."""
+        """Where the database is (password hidden), the counters, and a high-water mark to rewind to.
+
+        ``rewind`` holds ``mark`` (the largest ``seq``) and the rows not consumed at this moment:
+        ``ready`` and ``pending`` as ``[first, last]`` seq ranges (unused rows), and ``used`` as
+        ``[seq, use_count, last_get]`` (rows the priority sampler handed out but may replay);
+        None until this object has used the database.
+        """
         import sqlalchemy as sa
 
         return {
@@ -409,10 +423,45 @@ class SQLBuffer:
             "table": self.table_name,
             "counters": {"consumed": self.consumed, "dropped_stale": self.dropped_stale},
             "sampling": {"pending_expired": self.pending_expired, "last_batch": dict(self.last_batch)},
+            # an object that never opened the database (nothing put or taken) records no mark
+            "rewind": None if self._engine is None else self._retry(self._mark, what="read the mark"),
+        }
+
+    def _mark(self) -> dict[str, Any]:
+        import sqlalchemy as sa
+
+        read, _ = self._engines()
+        t = self._table
+        with read.connect() as conn:
+            mark = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.c.seq), 0))).scalar())
+            cols = sa.select(t.c.seq, t.c.reward_status, t.c.use_count, t.c.last_get)
+            open_rows = conn.execute(
+                cols.where(
+                    t.c.seq <= mark, t.c.consumed_at.is_(None), t.c.reward_status.in_((READY, PENDING))
+                ).order_by(t.c.seq)
+            ).all()
+        fresh = [r for r in open_rows if r.use_count == 0 and r.last_get is None]
+        return {
+            "mark": mark,
+            "ready": _ranges([r.seq for r in fresh if r.reward_status == READY]),
+            "pending": _ranges([r.seq for r in fresh if r.reward_status == PENDING]),
+            "used": [
+                [r.seq, r.use_count, r.last_get] for r in open_rows if r.use_count or r.last_get is not None
+            ],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore this object's counters; the rows themselves are already in the database."""
+        """Rewind the table to the checkpoint that saved ``state`` and restore this object's counters.
+
+        After a crash the table holds what happened after the checkpoint, which the resumed run
+        does again. In one transaction, rows put after the checkpoint's ``mark`` get status
+        ``"rolled_back"`` (with ``consumed_at``, ``last_get`` and ``expired_at`` cleared: never
+        handed out, not counted in any ``buffer/*`` metric), and rows that were not consumed at the
+        checkpoint get back their status, ``use_count``, ``last_get`` and ``priority`` of then, with
+        ``consumed_at`` NULL: hand-outs, stale drops and expiries after it are undone, rewards
+        filled in after it stay. ``last_rewind`` says how many rows were rolled back and restored.
+        After a clean stop nothing changes. With ``rewind=False`` only the counters are restored.
+        """
         if state.get("table", self.table_name) != self.table_name:
             raise ValueError(
                 f"SQLBuffer state is for table {state['table']!r} but this buffer uses "
@@ -424,6 +473,52 @@ class SQLBuffer:
         sampling = state.get("sampling", {})
         self.pending_expired = int(sampling.get("pending_expired", 0))
         self.last_batch = dict(sampling.get("last_batch", {}))
+        self.last_rewind = {"rolled_back": 0, "restored": 0}
+        if self.rewind and state.get("rewind") is not None:
+            self.last_rewind = self._retry(lambda: self._rewind(state["rewind"]), what="rewind")
+
+    def _rewind(self, rw: dict[str, Any]) -> dict[str, int]:
+        import sqlalchemy as sa
+
+        _, write = self._engines()
+        t = self._table
+
+        def priority(uses: int) -> Any:
+            return t.c.policy_version - sa.literal(float(uses * self.rules.reuse_decay), sa.Float())
+
+        def reset(uses: int = 0, last_get: int | None = None) -> dict[str, Any]:
+            return {"consumed_at": None, "use_count": uses, "last_get": last_get, "priority": priority(uses)}
+
+        def moved(uses: int = 0, last_get: int | None = None) -> Any:  # differs from the checkpoint
+            return (
+                (t.c.reward_status != READY)
+                | t.c.consumed_at.is_not(None)
+                | (t.c.use_count != uses)
+                | t.c.last_get.is_distinct_from(last_get)
+            )
+
+        with write.begin() as conn:
+            run = conn.execute
+            later = sa.update(t).where(t.c.seq > int(rw["mark"]), t.c.reward_status != ROLLED_BACK)
+            rolled = run(
+                later.values(reward_status=ROLLED_BACK, consumed_at=None, last_get=None, expired_at=None)
+            ).rowcount
+            restored = 0
+            for within in _in_ranges(t.c.seq, rw.get("ready", [])):
+                stmt = sa.update(t).where(within, moved()).values(reward_status=READY, **reset())
+                restored += run(stmt).rowcount
+            for within in _in_ranges(t.c.seq, rw.get("pending", [])):
+                expired = sa.update(t).where(within, t.c.expired_at.is_not(None))  # expired after it
+                values = {"reward_status": PENDING, "reward": None, "expired_at": None, **reset()}
+                restored += run(expired.values(**values)).rowcount
+                rewarded = sa.update(t).where(within, t.c.reward.is_not(None), moved())  # by a grader
+                restored += run(rewarded.values(reward_status=READY, **reset())).rowcount
+            for seq, uses, last_get in rw.get("used", []):
+                stmt = sa.update(t).where(t.c.seq == seq, moved(uses, last_get))
+                restored += run(stmt.values(reward_status=READY, **reset(uses, last_get))).rowcount
+        if rolled or restored:
+            self._wake()
+        return {"rolled_back": rolled, "restored": restored}
 
     def close(self) -> None:
         """Stop waiting ``get`` calls and release this process's connections."""
@@ -434,7 +529,29 @@ class SQLBuffer:
             self._engine = self._write_engine = self._table = None
 
     def __repr__(self) -> str:
-        return f"SQLBuffer({self.state_dict()['url']!r}, table={self.table_name!r})"
+        import sqlalchemy as sa
+
+        url = sa.make_url(self.url).render_as_string(hide_password=True)
+        return f"SQLBuffer({url!r}, table={self.table_name!r})"
+
+
+def _ranges(seqs: list[int]) -> list[list[int]]:
+    """Sorted ``seqs`` as ``[first, last]`` runs of consecutive numbers (compact checkpoints)."""
+    out: list[list[int]] = []
+    for seq in seqs:
+        if out and seq == out[-1][1] + 1:
+            out[-1][1] = seq
+        else:
+            out.append([seq, seq])
+    return out
+
+
+def _in_ranges(column: Any, ranges: list[list[int]], chunk: int = 200) -> Iterator[Any]:
+    """Conditions ``column`` in ``ranges``, ``chunk`` ranges each (within SQLite's bound-parameter limit)."""
+    import sqlalchemy as sa
+
+    for i in range(0, len(ranges), chunk):
+        yield sa.or_(*(column.between(first, last) for first, last in ranges[i : i + chunk]))
 
 
 def _configure_sqlite(engine: Any, busy_timeout: float) -> None:

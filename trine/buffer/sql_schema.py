@@ -17,7 +17,9 @@ step               integer         ``Experience.step``
 policy_version     integer         ``Experience.policy_version``
 reward             float, null     scalar reward; NULL while pending
 reward_status      text            "pending" (reward unknown), "ready" (trainable), "dropped" (stale,
-                                   or pending past the timeout: then ``expired_at`` is set)
+                                   or pending past the timeout: then ``expired_at`` is set),
+                                   "rolled_back" (put after the checkpoint a crashed run resumed
+                                   from; never handed out again, see ``SQLBuffer.load_state_dict``)
 prompt_length      integer         ``Experience.prompt_length``
 response_length    integer         ``len(tokens) - prompt_length``
 created_at         float           the buffer's ``clock()`` at the ``put`` (unix time by default)
@@ -49,7 +51,7 @@ from typing import Any
 
 from trine.types import Experience
 
-PENDING, READY, DROPPED = "pending", "ready", "dropped"
+PENDING, READY, DROPPED, ROLLED_BACK = "pending", "ready", "dropped", "rolled_back"
 
 _INT32, _FLOAT32 = "i", "f"
 assert array(_INT32).itemsize == 4 and array(_FLOAT32).itemsize == 4

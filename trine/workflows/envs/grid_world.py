@@ -290,7 +290,7 @@ def write_example_data(directory: str | Path = "examples/grid_world/data") -> li
 
 
 def format_warmup_rows(
-    n: int, *, size: int = 3, holes: int | None = None, seed: int = 0, layouts: int = 256
+    n: int, *, size: int = 3, holes: int | None = None, seed: int = 0, layouts: int = 256, view: str = "grid"
 ) -> list[dict[str, str]]:
     """``n`` supervised rows ``{"question": observation, "answer": random action word}``.
 
@@ -308,7 +308,7 @@ def format_warmup_rows(
     holes = default_holes(size) if holes is None else holes
     rng = random.Random(f"grid-world-warmup/{size}/{holes}/{seed}")
     first = 10**6 + seed * layouts
-    envs = [GridWorld(size=size, holes=holes, seed=first + i) for i in range(layouts)]
+    envs = [GridWorld(size=size, holes=holes, seed=first + i, view=view) for i in range(layouts)]
     rows = []
     for _ in range(n):
         env = rng.choice(envs)
