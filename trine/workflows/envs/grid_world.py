@@ -48,7 +48,7 @@ _ACTION_RE = re.compile(
     re.IGNORECASE,
 )
 CELLS = "SFHG"
-VIEWS = ("grid", "grid_last", "coords")
+VIEWS = ("grid", "grid_last", "coords", "grid_only", "coords_only")
 
 INSTRUCTION = "You are A. Reach G, avoid H. Actions: up, down, left, right. Reply with one action."
 
@@ -172,6 +172,13 @@ class GridWorld:
 
     def observation(self) -> str:
         """The grid (cells separated by spaces, the agent as ``A``) and the instruction."""
+        if self.view == "grid_only":
+            return "\n".join(" ".join("A" if (r, c) == self.position else x for c, x in enumerate(row)) for r, row in enumerate(self.layout))
+        if self.view == "coords_only":
+            find = lambda ch: [(r, c) for r, row in enumerate(self.layout) for c, x in enumerate(row) if x == ch]
+            g = find("G")[0]
+            holes = " ".join(f"{r},{c}" for r, c in find("H"))
+            return f"A {self.position[0]},{self.position[1]} G {g[0]},{g[1]} H {holes}"
         if self.view == "grid_last":
             return INSTRUCTION + "\n" + "\n".join(" ".join("A" if (r, c) == self.position else x for c, x in enumerate(row)) for r, row in enumerate(self.layout))
         if self.view == "coords":
