@@ -25,7 +25,7 @@ def test_sft_then_grpo_raises_eval_accuracy(arithmetic_config, tmp_path):
                 "eval": [eval_set],
                 "train": {"repeat": 8, "sampling": {"max_tokens": 6}},
             },
-            "eval": {"every": 50, "k": 8, "at_start": True},
+            "eval": {"every": 30, "k": 8, "at_start": True},
             "stages": [
                 {
                     "stage": "sft",
@@ -38,7 +38,7 @@ def test_sft_then_grpo_raises_eval_accuracy(arithmetic_config, tmp_path):
                 {
                     "stage": "grpo",
                     "algorithm": {"name": "grpo"},
-                    "tasks": {"total_steps": 100},
+                    "tasks": {"total_steps": 60},
                     "trainer": {"lr": 1e-3},
                 },
             ],

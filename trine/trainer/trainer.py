@@ -354,7 +354,7 @@ class Trainer:
                     **algo.loss_args,
                 )
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
                 stats.add_tokens(micro, batch)
             stats.add_step({"loss": total, "grad_norm": self._optimizer_step()})
 

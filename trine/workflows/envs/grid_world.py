@@ -297,7 +297,7 @@ def write_example_data(directory: str | Path = "examples/grid_world/data") -> li
 
 
 def format_warmup_rows(
-    n: int, *, size: int = 3, holes: int | None = None, seed: int = 0, layouts: int = 256, view: str = "grid"
+    n: int, *, size: int = 3, holes: int | None = None, seed: int = 0, layouts: int = 256, view: str = "grid", letters: bool = False
 ) -> list[dict[str, str]]:
     """``n`` supervised rows ``{"question": observation, "answer": random action word}``.
 
@@ -321,7 +321,8 @@ def format_warmup_rows(
         env = rng.choice(envs)
         cells = [(r, c) for r, row in enumerate(env.layout) for c, cell in enumerate(row) if cell in "SF"]
         env.position = rng.choice(cells)
-        rows.append({"question": env.observation(), "answer": rng.choice(list(ACTIONS))})
+        action = rng.choice(list(ACTIONS))
+        rows.append({"question": env.observation(), "answer": action[0] if letters else action})
     return rows
 
 
