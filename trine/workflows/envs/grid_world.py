@@ -48,7 +48,7 @@ _ACTION_RE = re.compile(
     re.IGNORECASE,
 )
 CELLS = "SFHG"
-VIEWS = ("grid", "grid_last", "coords", "grid_only", "coords_only")
+VIEWS = ("grid", "compact")
 
 INSTRUCTION = "You are A. Reach G, avoid H. Actions: up, down, left, right. Reply with one action."
 
@@ -172,25 +172,26 @@ class GridWorld:
 
     def observation(self) -> str:
         """The grid (cells separated by spaces, the agent as ``A``) and the instruction."""
-        if self.view == "grid_only":
-            return "\n".join(" ".join("A" if (r, c) == self.position else x for c, x in enumerate(row)) for r, row in enumerate(self.layout))
-        if self.view == "coords_only":
-            find = lambda ch: [(r, c) for r, row in enumerate(self.layout) for c, x in enumerate(row) if x == ch]
-            g = find("G")[0]
-            holes = " ".join(f"{r},{c}" for r, c in find("H"))
-            return f"A {self.position[0]},{self.position[1]} G {g[0]},{g[1]} H {holes}"
-        if self.view == "grid_last":
-            return INSTRUCTION + "\n" + "\n".join(" ".join("A" if (r, c) == self.position else x for c, x in enumerate(row)) for r, row in enumerate(self.layout))
-        if self.view == "coords":
-            find = lambda ch: [(r, c) for r, row in enumerate(self.layout) for c, x in enumerate(row) if x == ch]
-            g = find("G")[0]
-            holes = " ".join(f"{r},{c}" for r, c in find("H"))
-            return f"{INSTRUCTION}\nA {self.position[0]},{self.position[1]} G {g[0]},{g[1]} H {holes}"
+        if self.view == "compact":
+            return self.grid_text() + "\n" + self.neighbours_text()
+        return self.grid_text() + "\n" + INSTRUCTION
+
+    def grid_text(self) -> str:
+        """The grid rows, cells separated by spaces, the agent shown as ``A``."""
         rows = []
         for r, row in enumerate(self.layout):
             cells = ["A" if (r, c) == self.position else cell for c, cell in enumerate(row)]
             rows.append(" ".join(cells))
-        return "\n".join(rows) + "\n" + INSTRUCTION
+        return "\n".join(rows)
+
+    def neighbours_text(self) -> str:
+        """One line per action naming the cell it leads to (``W``: the wall), e.g. ``"up F"``."""
+        lines = []
+        for action, (dr, dc) in ACTIONS.items():
+            r, c = self.position[0] + dr, self.position[1] + dc
+            inside = 0 <= r < self.size and 0 <= c < self.size
+            lines.append(f"{action} {self.layout[r][c] if inside else 'W'}")
+        return "\n".join(lines)
 
     def cell(self) -> str:
         """The layout letter under the agent."""
