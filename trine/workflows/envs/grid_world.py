@@ -48,7 +48,7 @@ _ACTION_RE = re.compile(
     re.IGNORECASE,
 )
 CELLS = "SFHG"
-VIEWS = ("grid", "compact")
+VIEWS = ("grid", "compact", "local")
 
 INSTRUCTION = "You are A. Reach G, avoid H. Actions: up, down, left, right. Reply with one action."
 
@@ -172,6 +172,8 @@ class GridWorld:
 
     def observation(self) -> str:
         """The grid (cells separated by spaces, the agent as ``A``) and the instruction."""
+        if self.view == "local":
+            return self.neighbours_text()
         if self.view == "compact":
             return self.grid_text() + "\n" + self.neighbours_text()
         return self.grid_text() + "\n" + INSTRUCTION
