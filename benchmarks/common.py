@@ -52,8 +52,12 @@ def alternate(sides: dict[str, Callable[[], float]], rounds: int, warmup: int = 
 
 
 def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of ``fn()``; on a GPU machine the device is synchronised at both ends."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     start = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - start
 
 

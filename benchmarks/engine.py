@@ -5,7 +5,7 @@
 2. 64 concurrent workflows each awaiting one completion vs one batched request of 64 prompts.
    Target >= 0.8x of the batched tokens/s.
 
-Usage: python benchmarks/engine.py [--preset tiny-5m] [--rounds 5] [--no-write]
+Usage: python benchmarks/engine.py [--preset tiny-5m] [--rounds 5] [--device cpu|cuda] [--no-write]
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def raw_generate(model, tokenizer, batch: list[list[int]], max_tokens: int) -> N
     from transformers import GenerationConfig
 
     width = max(len(p) for p in batch)
-    ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+    ids = torch.full((len(batch), width), tokenizer.pad_token_id, device=model.device)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(batch):
-        ids[i, width - len(p) :] = torch.tensor(p)
+        ids[i, width - len(p) :] = torch.tensor(p, device=model.device)
         mask[i, width - len(p) :] = 1
     config = GenerationConfig(
         do_sample=True,
@@ -54,11 +54,12 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny-5m")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (float32 both sides)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     threads(2)
     path = tiny_model(args.preset)
-    model, tokenizer = load_model(path), load_tokenizer(path)
+    model, tokenizer = load_model(path, device=args.device), load_tokenizer(path)
     engine = HFEngine(model, tokenizer, seed=0)
     T = args.max_tokens
     params = SamplingParams(temperature=1.0, top_k=0, max_tokens=T, ignore_eos=True)
@@ -105,7 +106,7 @@ def main() -> None:
     )
     table = markdown_table(["workload", "reference tok/s", "trine tok/s", "ratio", "target"], rows)
     report(
-        f"Engine overhead ({args.preset}, CPU)",
+        f"Engine overhead ({args.preset}, {args.device})",
         table,
         "Reference: raw `model.generate(do_sample=True, top_k=0)` for rows 1-3; one batched request for row 4. "
         "Medians of alternating rounds.",

@@ -12,6 +12,16 @@ pytestmark = pytest.mark.slow
 
 
 def test_sft_then_grpo_raises_eval_accuracy(arithmetic_config, tmp_path):
+    _sft_then_grpo(arithmetic_config, tmp_path, device="cpu")
+
+
+@pytest.mark.gpu
+def test_sft_then_grpo_raises_eval_accuracy_on_cuda_in_bf16(arithmetic_config, tmp_path):
+    """The same job on a GPU: ``dtype: auto`` trains and samples in bfloat16 there."""
+    _sft_then_grpo(arithmetic_config, tmp_path, device="cuda")
+
+
+def _sft_then_grpo(arithmetic_config, tmp_path, device: str) -> None:
     eval_set = {
         "name": "addition",
         "path": str(EXAMPLE / "data" / "eval.jsonl"),
@@ -19,7 +29,7 @@ def test_sft_then_grpo_raises_eval_accuracy(arithmetic_config, tmp_path):
     }
     cfg = arithmetic_config(
         {
-            "model": {"path": str(tmp_path / "model"), "init_preset": "tiny-1m"},
+            "model": {"path": str(tmp_path / "model"), "init_preset": "tiny-1m", "device": device},
             "tasks": {
                 "batch_size": 16,
                 "eval": [eval_set],
