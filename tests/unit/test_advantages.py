@@ -267,6 +267,30 @@ def test_gigpo_std_normalization_and_omega_zero_is_episode_grpo():
         gigpo_advantages(rew.float(), g, norm="rloo", **kw)
 
 
+def test_length_balance_makes_each_run_one_episode():
+    rows = _gigpo_rows()
+    g, r, s, st, rew = (torch.tensor([row[k] for row in rows]) for k in range(5))
+    # group 0 run lengths [3, 3, 2] (mean 8/3) -> weights [8/9, 8/9, 4/3]; group 1 [1, 1] -> [1, 1]
+    kw = {"run_ids": r, "step_ids": s, "state_ids": st, "gamma": 0.5, "norm": "none"}
+    plain, _ = gigpo_advantages(rew.float(), g, omega=0.0, **kw)
+    balanced, _ = gigpo_advantages(rew.float(), g, omega=0.0, length_balance=True, **kw)
+    weight = [8 / 9] * 6 + [4 / 3] * 2 + [1.0, 1.0]
+    assert balanced.tolist() == pytest.approx([float(a) * w for a, w in zip(plain, weight)], abs=1e-6)
+    # A^E = [1/3, -2/3, 1/3] broadcast: steps sum to 3(1/3) + 3(-2/3) + 2(1/3) = -1/3 in group 0;
+    # balanced they sum to 0, like GRPO's advantages of one group
+    assert float(plain[:8].sum()) == pytest.approx(-1 / 3, abs=1e-6)
+    assert float(balanced[:8].sum()) == pytest.approx(0.0, abs=1e-6)
+    # the step-level (anchor) part is left as it is
+    with_steps, _ = gigpo_advantages(rew.float(), g, omega=0.5, length_balance=True, **kw)
+    step_part, _ = gigpo_advantages(rew.float(), g, omega=0.5, **kw)
+    assert (with_steps - balanced).tolist() == pytest.approx((step_part - plain).tolist(), abs=1e-6)
+    # step-wise GRPO: run rewards [1, 0, 1] (last steps), A = ±(1/3, -2/3)/std, same weights
+    sw_plain, _ = step_wise_grpo_advantages(rew.float(), g, run_ids=r, step_ids=s)
+    sw, _ = step_wise_grpo_advantages(rew.float(), g, run_ids=r, step_ids=s, length_balance=True)
+    assert sw.tolist() == pytest.approx([float(a) * w for a, w in zip(sw_plain, weight)], abs=1e-6)
+    assert float(sw[:8].sum()) == pytest.approx(0.0, abs=1e-5)
+
+
 # ---------------------------------------------------------------------------------- registry
 
 

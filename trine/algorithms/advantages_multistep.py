@@ -48,6 +48,23 @@ def _run_table(group_ids: Tensor, run_ids: Tensor) -> tuple[Tensor, Tensor]:
     return run, torch.unique(run_group, return_inverse=True)[1]
 
 
+def length_balance_weights(run: Tensor, run_group: Tensor) -> Tensor:
+    """Per-run weights ``w_i = mean_{j in group(i)} L_j / L_i`` (``L``: steps in the batch; float64).
+
+    Broadcasting a run's episode advantage ``A_i`` to its ``L_i`` steps gives the run ``L_i`` votes
+    in the loss: when failing runs are longer than successful ones (they wander until
+    ``max_steps``), the group's step advantages sum to ``Σ_i L_i A_i < 0`` even though
+    ``Σ_i A_i = 0``, and that net negative push moves probability onto tokens never sampled. Scaling
+    by ``w_i`` makes every run count as one episode, ``Σ_i L_i w_i A_i = mean(L) Σ_i A_i = 0``, while
+    keeping the average step weight at 1.
+    """
+    length = torch.bincount(run, minlength=len(run_group)).to(torch.float64)
+    groups = int(run_group.max()) + 1 if run_group.numel() else 0
+    total = torch.zeros(groups, dtype=torch.float64).index_add_(0, run_group, length)
+    count = torch.bincount(run_group, minlength=groups).to(torch.float64)
+    return (total / count)[run_group] / length
+
+
 def step_wise_grpo_advantages(
     rewards: Tensor,
     group_ids: Tensor,
@@ -56,13 +73,15 @@ def step_wise_grpo_advantages(
     step_ids: Tensor | None = None,
     std_normalize: bool = True,
     eps: float = 1e-6,
+    length_balance: bool = False,
     **_: object,
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO on each run's last-step reward, broadcast to every step of that run.
 
     ``R_i`` = reward of run ``i``'s step with the largest ``step_id``;
     ``A_i = (R_i - mean_{group}(R)) / (std_{group}(R) + eps)`` over the runs of a task group; every
-    step of run ``i`` gets ``A_i``. (GRPO, arXiv 2402.03300, applied per trajectory as in
+    step of run ``i`` gets ``A_i`` (times ``mean_group(L) / L_i`` with ``length_balance``, see
+    :func:`length_balance_weights`). (GRPO, arXiv 2402.03300, applied per trajectory as in
     Trinity-RFT's ``multi_step_grpo``, arXiv 2505.17826.)
     """
     _require("step_wise_grpo", run_ids=run_ids, step_ids=step_ids)
@@ -83,6 +102,8 @@ def step_wise_grpo_advantages(
         0, run[is_last], rewards.to(torch.float64).cpu()[is_last]
     )
     adv_run, stats = grpo_advantages(run_reward, run_group, std_normalize=std_normalize, eps=eps)
+    if length_balance:
+        adv_run = adv_run * length_balance_weights(run, run_group).to(adv_run.dtype)
     adv = adv_run[run].to(rewards.device)
     stats = {
         **advantage_stats(adv),
@@ -135,6 +156,7 @@ def gigpo_advantages(
     gamma: float = 1.0,
     norm: str = "std",
     eps: float = 1e-6,
+    length_balance: bool = False,
     **_: object,
 ) -> tuple[Tensor, dict[str, float]]:
     """GiGPO: episode-level group advantage plus ω × step-level anchor-state advantage.
@@ -146,6 +168,8 @@ def gigpo_advantages(
       ``A^S = (R_t^(i) - mean_anchor) / F_norm``. A singleton anchor group gets ``A^S = 0``.
     - ``A = A^E + ω · A^S`` for each step; ``F_norm`` is ``std + eps`` (``norm="std"``) or 1
       (``norm="none"``, RLOO-like scale).
+    - ``length_balance=True`` scales ``A^E_i`` by ``mean_group(L) / L_i`` so each run counts as one
+      episode (:func:`length_balance_weights`; not in the paper, which broadcasts ``A^E`` as is).
 
     Paper: Feng et al., "Group-in-Group Policy Optimization for LLM Agent Training",
     arXiv 2505.10978, Eq. (8).
@@ -157,7 +181,10 @@ def gigpo_advantages(
     episode_return = torch.zeros(len(run_group), dtype=torch.float64).index_add_(
         0, run, rewards.to(torch.float64).cpu()
     )
-    episode_adv = _relative(episode_return, run_group, norm, eps)[run]
+    episode_adv = _relative(episode_return, run_group, norm, eps)
+    if length_balance:
+        episode_adv = episode_adv * length_balance_weights(run, run_group)
+    episode_adv = episode_adv[run]
     step_returns = discounted_step_returns(rewards, run, step_ids, gamma)
     anchor = pair_index(group_ids, state_ids)
     step_adv = _relative(step_returns, anchor, norm, eps)

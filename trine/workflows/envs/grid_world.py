@@ -2,8 +2,18 @@
 
 The agent starts on ``S`` and must reach the goal ``G`` without stepping on a hole ``H``; other
 cells are frozen ``F``. Layouts are drawn deterministically from ``(size, holes, seed)``, always
-with a path from start to goal. The observation is the grid as text (the agent shown as ``A``)
-plus a one-line instruction; the action is read from the model's reply::
+with a path from start to goal. The action is read from the model's reply (a word, a letter
+``u/d/l/r`` or an arrow). Three observation views (``view=``):
+
+- ``"grid"`` (default): the grid as text (the agent shown as ``A``) plus a one-line instruction;
+- ``"compact"``: the grid plus one line per action naming the cell it leads to (``"up F"``);
+- ``"local"``: the four cells next to the agent, in up/down/left/right order (``W``: the wall),
+  then where the goal lies (``u``/``d``/``-`` by row, ``l``/``r``/``-`` by column), e.g.
+  ``"F W H F u r"``: free above, wall below, hole left, free right; the goal is up and to the
+  right. A tiny model learns to walk toward the goal around holes in a few dozen RL steps, which
+  it does not with the full grid.
+
+::
 
     env = GridWorld(size=4, seed=3, max_steps=8)
     obs = env.reset()
@@ -16,9 +26,10 @@ hashes: GiGPO's anchor states.
 
 ``grid_world_tasks`` makes taskset rows for the ``"grid_world"`` workflow, and
 ``write_example_data`` writes ``examples/grid_world/data/{train,eval}.jsonl``.
-``format_warmup_rows`` makes supervised rows (an observation -> a *random* valid action word) that
-teach a model from scratch the reply format, not the solution; ``write_warmup_data`` writes them to
-``examples/grid_world/data/warmup.jsonl``.
+``format_warmup_rows`` makes supervised rows (an observation -> a *random* valid action) that
+teach a model from scratch the reply format, not the solution; ``write_learning_data`` writes them
+(local view, one-letter actions) to ``examples/grid_world/data/warmup.jsonl``, with
+``train_balanced.jsonl``.
 """
 
 from __future__ import annotations
@@ -160,6 +171,7 @@ class GridWorld:
         self.size = len(self.layout)
         self.max_steps = max_steps
         self.start = next((r, row.index("S")) for r, row in enumerate(self.layout) if "S" in row)
+        self.goal = next((r, row.index("G")) for r, row in enumerate(self.layout) if "G" in row)
         self.position = self.start
         self.steps = 0
         self.invalid_actions = 0
@@ -171,12 +183,25 @@ class GridWorld:
         return self.observation()
 
     def observation(self) -> str:
-        """The grid (cells separated by spaces, the agent as ``A``) and the instruction."""
+        """The observation of the current state in this env's ``view``.
+
+        - ``grid``: the grid (cells separated by spaces, the agent as ``A``) and the instruction;
+        - ``compact``: the grid and :meth:`neighbours_text` (``"up F"`` ... one line per action);
+        - ``local``: the four neighbouring cells in ``up down left right`` order (``W`` for the
+          wall), then :meth:`goal_direction`: ``"W F H G - r"`` = wall above, ``F`` below, hole left,
+          goal right (same row).
+        """
         if self.view == "local":
-            return self.neighbours_text()
+            cells = " ".join(line.split()[1] for line in self.neighbours_text().splitlines())
+            return cells + " " + self.goal_direction()
         if self.view == "compact":
             return self.grid_text() + "\n" + self.neighbours_text()
         return self.grid_text() + "\n" + INSTRUCTION
+
+    def goal_direction(self) -> str:
+        """Where the goal lies: ``u``/``d``/``-`` (row) and ``l``/``r``/``-`` (column), e.g. ``"u r"``."""
+        (r, c), (gr, gc) = self.position, self.goal
+        return ("u" if gr < r else "d" if gr > r else "-") + " " + ("l" if gc < c else "r" if gc > c else "-")
 
     def grid_text(self) -> str:
         """The grid rows, cells separated by spaces, the agent shown as ``A``."""
@@ -300,16 +325,24 @@ def write_example_data(directory: str | Path = "examples/grid_world/data") -> li
 
 
 def format_warmup_rows(
-    n: int, *, size: int = 3, holes: int | None = None, seed: int = 0, layouts: int = 256, view: str = "grid", letters: bool = False
+    n: int,
+    *,
+    size: int = 3,
+    holes: int | None = None,
+    seed: int = 0,
+    layouts: int = 256,
+    view: str = "grid",
+    letters: bool = False,
 ) -> list[dict[str, str]]:
-    """``n`` supervised rows ``{"question": observation, "answer": random action word}``.
+    """``n`` supervised rows ``{"question": observation, "answer": random action}``.
 
     Each row shows a random state (the agent on a random non-hole, non-goal cell) of one of
     ``layouts`` random layouts (seeds ``seed*layouts + 10**6 ..``, away from the example
-    train/eval seeds), as the step-wise workflow shows it: the observation is the whole user message
-    (no system prompt). The answer is uniformly random, so a model trained on these rows learns
-    *how* to reply (one of ``up/down/left/right``) but not *which* action solves the layout: its
-    success rate stays near a random policy's. Deterministic in ``seed``.
+    train/eval seeds), as the step-wise workflow shows it in ``view``: the observation is the whole
+    user message (no system prompt). The answer is uniformly random (``up/down/left/right``, or
+    ``u/d/l/r`` with ``letters=True``), so a model trained on these rows learns *how* to reply but
+    not *which* action solves the layout: its success rate stays near a random policy's.
+    Deterministic in ``seed``.
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r}; expected an integer >= 1 (rows to make).")
@@ -376,14 +409,15 @@ def balanced_grid_world_tasks(
 
 def write_learning_data(directory: str | Path = "examples/grid_world/data") -> list[Path]:
     """Write the data of ``examples/grid_world/config.yaml`` besides ``train/eval.jsonl``:
-    ``warmup.jsonl`` (2048 :func:`format_warmup_rows`, one hole) and ``train_balanced.jsonl``
+    ``warmup.jsonl`` (2048 :func:`format_warmup_rows`, one hole, ``local`` view, one-letter
+    answers) and ``train_balanced.jsonl``
     (:func:`balanced_grid_world_tasks` of 32 layouts, without the ``eval.jsonl`` layouts)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     evals = [json.loads(line) for line in (directory / "eval.jsonl").read_text(encoding="utf-8").splitlines()]
     exclude = [make_layout(r["size"], r["holes"], r["seed"]) for r in evals]
     data = {
-        "warmup.jsonl": format_warmup_rows(2048, size=3, holes=1, seed=0),
+        "warmup.jsonl": format_warmup_rows(2048, size=3, holes=1, seed=0, view="local", letters=True),
         "train_balanced.jsonl": balanced_grid_world_tasks(
             32, size=3, holes=1, seed=0, max_steps=6, exclude=exclude
         ),
