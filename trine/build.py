@@ -47,6 +47,14 @@ class Stage:
     operators: Any = None
     """Operator pipeline between explorer and buffer (``buffer.operators``)."""
 
+    def train(self, experiences: list[Any]) -> dict[str, float]:
+        """``trainer.step`` on the worker thread of the engine over the trainer's weights, so one
+        thread does all the torch work (:meth:`trine.models.engine.HFEngine.call` says why)."""
+        engine = getattr(self.eval_explorer, "model", None)
+        if getattr(engine, "model", None) is not self.trainer.model or not hasattr(engine, "call"):
+            return self.trainer.step(experiences)  # no engine, or one over a snapshot (sync_offset)
+        return engine.call(self.trainer.step, experiences)
+
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
     """Load the model and tokenizer (building a tiny preset model first if asked)."""

@@ -88,7 +88,8 @@ class Explorer:
         from trine.models.batching import response_logprobs
 
         pairs = [(e.tokens[: e.prompt_length], e.response_tokens) for e in experiences]
-        for e, logprobs in zip(experiences, response_logprobs(self.teacher, pairs, pad_id=self.model.pad_id)):
+        scores = self.model.call(response_logprobs, self.teacher, pairs, pad_id=self.model.pad_id)
+        for e, logprobs in zip(experiences, scores):
             e.info["teacher_logprobs"] = logprobs
 
     def evaluate(

@@ -137,11 +137,9 @@ def _train_steps(st: build.Stage, tokenizer: Any):
         if not tasks:
             return
         if st.algorithm.pairwise:
-            yield st.trainer.step(
-                build.preference_experiences(tasks, tokenizer, ts.chosen_key, ts.rejected_key)
-            )
+            yield st.train(build.preference_experiences(tasks, tokenizer, ts.chosen_key, ts.rejected_key))
         else:
-            yield st.trainer.step(build.sft_experiences(tasks, tokenizer, ts.response_key))
+            yield st.train(build.sft_experiences(tasks, tokenizer, ts.response_key))
 
 
 def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> bool:
@@ -179,7 +177,7 @@ def _train_on(st: build.Stage) -> dict[str, float]:
         )
     metrics = {
         **metrics,
-        **st.trainer.step(experiences),
+        **st.train(experiences),
         **st.buffer.metrics(),  # incl. buffer/staleness_mean|max of this batch (current_version given)
         "sync/seconds": st.sync.seconds,
         "trainer/version": float(st.trainer.version),

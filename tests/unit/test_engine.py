@@ -210,3 +210,25 @@ def test_generate_rejects_an_empty_prompt_and_keeps_training_mode(engine, model)
         assert model.training
     finally:
         model.eval()
+
+
+def test_call_runs_torch_work_on_the_one_engine_thread(engine, tokenizer):
+    import threading
+
+    main = threading.get_ident()
+    worker = engine.call(threading.get_ident)
+    assert worker != main
+    assert engine.call(threading.current_thread).name.startswith("trine-engine")
+    # nested calls from the worker run inline (no deadlock); errors reach the caller
+    assert engine.call(lambda: engine.call(threading.get_ident)) == worker
+    with pytest.raises(ZeroDivisionError):
+        engine.call(lambda: 1 / 0)
+    # the sync sampling API runs on the worker too, whoever calls it
+    seen = []
+    original = engine._sample
+    engine._sample = lambda reqs: seen.append(threading.get_ident()) or original(reqs)
+    try:
+        engine.generate_batch([(prompts(tokenizer)[0], SamplingParams(max_tokens=2))])
+    finally:
+        del engine._sample
+    assert seen == [worker]

@@ -120,3 +120,31 @@ def test_shared_weights_only_record_versions(models):
     shared.push(trainer_model, 3)
     shared.pull(engine, 3)
     assert shared.version == 3 and engine.policy_version == 3
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_colocated_training_runs_on_the_engine_thread_but_not_beside_a_snapshot(
+    tiny_model_dir, tmp_path, offset
+):
+    """Sync mode trains on the engine's worker (one torch thread); with sync_offset the explorer's
+    engine samples a snapshot concurrently, so training must not queue behind it."""
+    import threading
+    from pathlib import Path
+
+    from trine import build
+    from trine.config import validate_dict
+    from trine.models import load_model, load_tokenizer
+
+    data = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "data" / "train.jsonl"
+    (cfg,), errors = validate_dict(
+        {
+            "model": {"path": str(tiny_model_dir)},
+            "tasks": {"batch_size": 2, "total_steps": 1, "train": {"path": str(data)}},
+            "sync": {"sync_offset": offset},
+        }
+    )
+    assert not errors, errors
+    stage = build.build_stage(cfg, load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), tmp_path)
+    stage.trainer.step = lambda experiences: {"thread": threading.current_thread().name}
+    thread = stage.train([])["thread"]
+    assert thread.startswith("trine-engine") if offset == 0 else thread == threading.current_thread().name

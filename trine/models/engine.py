@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +49,27 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._pending: list[_Request] = []
         self._worker: asyncio.Task | None = None
+        self._worker_thread: int | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="trine-engine"
+            max_workers=1, thread_name_prefix="trine-engine", initializer=self._mark_worker
         )
+
+    def _mark_worker(self) -> None:
+        self._worker_thread = threading.get_ident()
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` on the engine's worker thread, wait, and return its result.
+
+        Sampling always runs there, and colocated training (the trainer's step, teacher scoring)
+        goes through here too, so that all heavy torch work of a process runs on **one thread**.
+        With torch's OpenMP CPU backend (libgomp) every thread that runs parallel ops gets its own
+        thread team; once two teams exist on a small machine, libgomp stops spin-waiting between
+        ops, its workers sleep and wake for every op, and a GRPO step on 2 cores took 1.6x longer
+        (measured in benchmarks/RESULTS.md). Called from the worker itself, ``fn`` runs inline.
+        """
+        if threading.get_ident() == self._worker_thread:
+            return fn(*args, **kwargs)
+        return self._executor.submit(fn, *args, **kwargs).result()
 
     # ----------------------------------------------------------------- async API (workflows)
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
@@ -94,7 +114,10 @@ class HFEngine:
     def generate_batch(
         self, requests: list[_Request] | list[tuple[list[int], SamplingParams]]
     ) -> list[list[Completion]]:
-        """Run requests to completion in one sampling loop; returns completions per request."""
+        """Run requests to completion in one sampling loop (on the worker thread, see :meth:`call`);
+        returns completions per request."""
+        if threading.get_ident() != self._worker_thread:
+            return self.call(self.generate_batch, requests)
         reqs = [r if isinstance(r, _Request) else _Request(list(r[0]), r[1]) for r in requests]
         was_training = self.model.training
         self.model.eval()
