@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 
 from trine.models.batching import MicroBatch
-from trine.trainer.optim import adamw
 
 
 class ValueModel(torch.nn.Module):
@@ -64,7 +63,7 @@ class Critic:
         self.model = model
         self.grad_clip = grad_clip
         self.warmup_steps = warmup_steps
-        self.optimizer = adamw(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
 
     @torch.no_grad()
     def values(self, batch: MicroBatch) -> Tensor:

@@ -29,7 +29,6 @@ from trine.trainer.inputs import (
     slice_rows,
     token_inputs,
 )
-from trine.trainer.optim import adamw
 from trine.types import Experience
 
 STANDARD_LOSS_INPUTS = ("logprobs", "old_logprobs", "advantages", "action_mask", "normalizer", "agg_mode")
@@ -91,7 +90,9 @@ class Trainer:
         self.max_response_length = max_response_length
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = adamw(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
+        )
         optimizer_steps = total_steps * mini_batches * update_epochs if total_steps else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(lr_schedule, warmup_steps, optimizer_steps, min_lr_ratio)
