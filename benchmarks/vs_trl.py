@@ -3,7 +3,7 @@
 Both sides: the tiny-5m model (first warmed up with 300 Trine SFT steps so rewards are not all zero),
 the same tokenizer and chat template, single-digit addition prompts, 4 prompts x 8 samples per step,
 max 32 new tokens, temperature 1, top-k off, no KL, one optimizer step per batch, token-mean loss
-(TRL's ``loss_type="dapo"``), the same learning rate, constant schedule.
+(TRL's ``loss_type="dapo"``), the same learning rate, constant schedule, fused AdamW (TRL's default).
 
 1. Step time: blocks of steps alternate TRL, Trine, TRL, Trine ... (the first step of each block is
    a warm-up); medians per step, from the SFT'd model (short answers) and from the random model
@@ -62,6 +62,8 @@ def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync") -> 
         "trainer": {
             "lr": LR if mode == "sync" else 3e-3,
             "grad_clip": 1.0,
+            # TRL's default optimizer is HF's "adamw_torch_fused": the same kernel on both sides
+            "fused_adamw": mode == "sync",
             "save_every": 0,
             "keep_checkpoints": 1,
         },

@@ -334,3 +334,15 @@ def test_ppo_returns_are_the_outcome_reward_for_outcome_only_rollouts(tiny_model
             assert torch.allclose(adv, returns)
     metrics = trainer.step(experiences)
     assert metrics["trainer/value_loss"] > 0
+
+
+def test_fused_adamw_option_tracks_the_unfused_update(tiny_model_dir, tokenizer, experiences):
+    plain = _trainer(tiny_model_dir, tokenizer, lr=1e-3, eps=1e-8)
+    fused = _trainer(tiny_model_dir, tokenizer, lr=1e-3, eps=1e-8, fused_adamw=True)
+    assert fused.optimizer.defaults["fused"] is True and not plain.optimizer.defaults["fused"]
+    for _ in range(3):
+        plain.step(experiences)
+        fused.step(experiences)
+    moved = _max_diff(_state(fused.model), _state(load_model(tiny_model_dir)))
+    assert moved > 1e-4
+    assert _max_diff(_state(fused.model), _state(plain.model)) < 1e-5  # same rule, other rounding

@@ -72,6 +72,7 @@ class Trainer:
         mini_batches: int = 1,
         update_epochs: int = 1,
         recompute_logprobs: bool = False,
+        fused_adamw: bool = False,
         entropy_metric: bool = True,
         max_response_length: int | None = None,
         seed: int = 0,
@@ -90,9 +91,14 @@ class Trainer:
         self.max_response_length = max_response_length
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay
-        )
+        adamw = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        try:
+            self.optimizer = torch.optim.AdamW(params, **adamw, **({"fused": True} if fused_adamw else {}))
+        except RuntimeError as err:  # no fused kernel for this device/dtype
+            raise ValueError(
+                f"trainer.fused_adamw=true, but torch has no fused AdamW for these parameters ({err}); "
+                "set trainer.fused_adamw: false."
+            ) from err
         optimizer_steps = total_steps * mini_batches * update_epochs if total_steps else None
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(lr_schedule, warmup_steps, optimizer_steps, min_lr_ratio)
