@@ -12,11 +12,12 @@ max 32 new tokens, temperature 1, top-k off, no KL, one optimizer step per batch
    per thread that ever ran parallel ops, and the other side's leftover teams slowed both sides
    by 20-50% when they shared one process.
 2. Accuracy per wall-clock: each side trains for the same wall-clock budget; both final models are
-   evaluated by the same code (avg@8 at temperature 1 and greedy accuracy on all 100 sums).
+   evaluated by the same code (avg@8 at temperature 1 and greedy accuracy on all 100 sums), averaged
+   over `--seeds` independent runs (one 60 s RL run moves by several points from seed to seed).
    Target: Trine at least as accurate.
 
 Needs the ``bench`` extra (``pip install -e ".[bench]"``). Usage:
-python benchmarks/vs_trl.py [--budget 60] [--rounds 3] [--block 5] [--no-write]
+python benchmarks/vs_trl.py [--budget 60] [--rounds 3] [--block 5] [--seeds 3] [--no-write]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,11 +42,11 @@ DATA = ROOT / "examples" / "arithmetic" / "data"
 LR = 5e-4
 
 
-def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync") -> dict:
+def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync", seed: int = 0) -> dict:
     cfg = {
         "name": "bench",
         "run_dir": str(run_dir),
-        "seed": 0,
+        "seed": seed,
         "num_threads": 2,
         "resume": False,
         "model": {"path": str(model)},
@@ -74,10 +76,10 @@ def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync") -> 
     return cfg
 
 
-def run_trine(model: Path, steps: int) -> tuple[list[float], Path]:
+def run_trine(model: Path, steps: int, seed: int = 0) -> tuple[list[float], Path]:
     """GRPO for ``steps``; returns per-step seconds and the final checkpoint directory."""
     run_dir = Path(tempfile.mkdtemp(prefix="trine-bench-"))
-    stages, errors = validate_dict(trine_config(model, run_dir, steps))
+    stages, errors = validate_dict(trine_config(model, run_dir, steps, seed=seed))
     assert not errors, errors
     trine_run(stages)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -85,7 +87,7 @@ def run_trine(model: Path, steps: int) -> tuple[list[float], Path]:
     return [r["time/step_seconds"] for r in rows if "time/step_seconds" in r], ckpt
 
 
-def run_trl(model: Path, steps: int, budget: float | None = None) -> tuple[list[float], Path]:
+def run_trl(model: Path, steps: int, budget: float | None = None, seed: int = 0) -> tuple[list[float], Path]:
     """TRL GRPOTrainer for ``steps`` (or until ``budget`` seconds); per-step seconds and saved model."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -130,7 +132,7 @@ def run_trl(model: Path, steps: int, budget: float | None = None) -> tuple[list[
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        seed=0,
+        seed=seed,
         max_grad_norm=1.0,
         disable_dropout=True,
         bf16=False,
@@ -152,19 +154,23 @@ def run_trl(model: Path, steps: int, budget: float | None = None) -> tuple[list[
     return clock.times, out / "final"
 
 
-def in_process(side: str, model: Path, steps: int, budget: float | None = None) -> tuple[list[float], Path]:
+def in_process(
+    side: str, model: Path, steps: int, budget: float | None = None, seed: int = 0
+) -> tuple[list[float], Path]:
     """``run_trl`` / ``run_trine`` in a fresh Python process; returns (per-step seconds, final model)."""
     out = Path(tempfile.mkdtemp(prefix="bench-worker-")) / "result.json"
     cmd = [sys.executable, __file__, "--worker", side, "--model", str(model), "--steps", str(steps)]
-    cmd += ["--out", str(out)] + (["--budget", str(budget)] if budget is not None else [])
+    cmd += ["--out", str(out), "--seed", str(seed)] + (
+        ["--budget", str(budget)] if budget is not None else []
+    )
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     result = json.loads(out.read_text())
     return result["times"], Path(result["final"])
 
 
-def worker(side: str, model: Path, steps: int, budget: float | None, out: Path) -> None:
+def worker(side: str, model: Path, steps: int, budget: float | None, out: Path, seed: int) -> None:
     threads(2)
-    times, final = run_trl(model, steps, budget) if side == "trl" else run_trine(model, steps)
+    times, final = run_trl(model, steps, budget, seed) if side == "trl" else run_trine(model, steps, seed)
     out.write_text(json.dumps({"times": times, "final": str(final)}))
 
 
@@ -199,14 +205,19 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=60.0, help="wall-clock seconds of GRPO per side")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--block", type=int, default=5, help="steps per timing block")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="accuracy runs per side (seeds 0..n-1), averaged"
+    )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--worker", choices=["trl", "trine"], help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:  # one block of one side, in this fresh process
-        worker(args.worker, args.model, args.steps, args.budget if args.worker == "trl" else None, args.out)
+        budget = args.budget if args.worker == "trl" else None
+        worker(args.worker, args.model, args.steps, budget, args.out, args.seed)
         return
     threads(2)
     base = tiny_model("tiny-5m")
@@ -222,28 +233,44 @@ def main() -> None:
         medians[label] = (trl, trine)
         rows.append([f"s/step, {label}", f"{trl:.3f}", f"{trine:.3f}", f"{trine / trl:.2f}x", "≤ 0.5x"])
 
-    trl_s, trine_s = medians["after SFT (short answers)"]
+    _, trine_s = medians["after SFT (short answers)"]
     trine_steps = max(1, int(args.budget / trine_s))
-    trl_times, trl_final = in_process("trl", start, 10_000, budget=args.budget)
-    trine_times, trine_final = in_process("trine", start, trine_steps)
     before = evaluate(start)
-    after_trl, after_trine = evaluate(trl_final), evaluate(trine_final)
+    evals: dict[str, list[dict[str, float]]] = {"trl": [], "trine": []}
+    steps: dict[str, list[int]] = {"trl": [], "trine": []}
+    for seed in range(args.seeds):  # one 60 s RL run is noisy: average independent runs
+        for side in ("trl", "trine"):
+            n = 10_000 if side == "trl" else trine_steps
+            times, final = in_process(
+                side, start, n, budget=args.budget if side == "trl" else None, seed=seed
+            )
+            evals[side].append(evaluate(final))
+            steps[side].append(len(times))
+    per_seed = []
     for key, name in (("eval/eval/avg@8", "avg@8 (T=1)"), ("eval/eval/accuracy", "greedy accuracy")):
+        trl_acc, trine_acc = (statistics.fmean(e[key] for e in evals[side]) for side in ("trl", "trine"))
         rows.append(
             [
-                f"{name} after {args.budget:.0f} s of GRPO (start {100 * before[key]:.1f}%)",
-                f"{100 * after_trl[key]:.1f}%",
-                f"{100 * after_trine[key]:.1f}%",
-                f"{after_trine[key] - after_trl[key]:+.3f}",
+                f"{name} after {args.budget:.0f} s of GRPO, mean of {args.seeds} seeds (start {100 * before[key]:.1f}%)",
+                f"{100 * trl_acc:.1f}%",
+                f"{100 * trine_acc:.1f}%",
+                f"{trine_acc - trl_acc:+.3f}",
                 "≥ +0",
             ]
         )
+        per_seed.append(
+            f"{name} per seed: TRL "
+            + ", ".join(f"{100 * e[key]:.0f}%" for e in evals["trl"])
+            + "; Trine "
+            + ", ".join(f"{100 * e[key]:.0f}%" for e in evals["trine"])
+        )
+    trl_steps, trine_steps_done = (statistics.fmean(steps[side]) for side in ("trl", "trine"))
     rows.append(
         [
-            "GRPO steps in the budget",
-            len(trl_times),
-            len(trine_times),
-            f"{len(trine_times) / max(1, len(trl_times)):.1f}x",
+            "GRPO steps in the budget (mean)",
+            f"{trl_steps:.0f}",
+            f"{trine_steps_done:.0f}",
+            f"{trine_steps_done / max(1, trl_steps):.1f}x",
             "-",
         ]
     )
@@ -253,7 +280,7 @@ def main() -> None:
         table,
         f"4 prompts x 8 samples, max 32 new tokens, lr {LR}, no KL, TRL loss_type=dapo; medians of "
         f"{args.rounds} alternating blocks of {args.block} steps (first step of each block dropped), "
-        "each block in a fresh process.",
+        "each block in a fresh process. " + "; ".join(per_seed) + ".",
         write=not args.no_write,
     )
     torch.set_num_threads(2)
