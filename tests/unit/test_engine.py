@@ -69,21 +69,30 @@ def test_engine_logprobs_match_the_trainers_recomputation(engine, model, tokeniz
     torch.testing.assert_close(logprobs[mask], batch.old_logprobs[mask], atol=1e-5, rtol=0)
 
 
+def assert_greedy_matches_hf_generate(
+    engine, model, tokenizer, prompt: list[int], max_tokens: int = 12
+) -> None:
+    """The engine's greedy completion of ``prompt`` is HF ``generate``'s (on the model's device)."""
+    (completion,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens))])[
+        0
+    ]
+    with torch.no_grad():
+        hf = model.generate(
+            torch.tensor([prompt], device=model.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    expected = hf[0, len(prompt) :].tolist()
+    if tokenizer.eos_token_id in expected:
+        expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
+    assert completion.response_ids == expected
+
+
 def test_greedy_equals_hf_generate(engine, model, tokenizer):
     for prompt in prompts(tokenizer)[:2]:
-        (completion,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12))])[0]
-        with torch.no_grad():
-            hf = model.generate(
-                torch.tensor([prompt]),
-                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                do_sample=False,
-                max_new_tokens=12,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        expected = hf[0, len(prompt) :].tolist()
-        if tokenizer.eos_token_id in expected:
-            expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
-        assert completion.response_ids == expected
+        assert_greedy_matches_hf_generate(engine, model, tokenizer, prompt)
 
 
 def test_top_k_one_equals_greedy_and_reports_untruncated_logprobs(engine, tokenizer):

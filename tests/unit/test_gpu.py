@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.unit.test_engine import assert_greedy_matches_hf_generate, prompts
 from trine.algorithms import PRESETS
 from trine.models import load_model, load_tokenizer
 from trine.models.batching import collate, forward_logprobs
@@ -17,20 +18,14 @@ from trine.types import Experience, SamplingParams
 
 pytestmark = pytest.mark.gpu
 
-QUESTIONS = ["hi", "What is 2+3? Tell me now, please.", "Once upon a time", "def f(x):"]
-
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     return load_tokenizer(tiny_model_dir)
 
 
-def _prompts(tokenizer) -> list[list[int]]:
-    return [tokenizer(q)["input_ids"] for q in QUESTIONS]
-
-
 def _experiences(engine, tokenizer, n: int = 4, max_tokens: int = 16) -> list[Experience]:
-    requests = [(p, SamplingParams(temperature=1.0, max_tokens=max_tokens, n=n)) for p in _prompts(tokenizer)]
+    requests = [(p, SamplingParams(temperature=1.0, max_tokens=max_tokens, n=n)) for p in prompts(tokenizer)]
     out = []
     for i, completions in enumerate(engine.generate_batch(requests)):
         for j, c in enumerate(completions):
@@ -66,22 +61,8 @@ def test_cuda_greedy_equals_hf_generate(tiny_model_dir, tokenizer):
     model = load_model(tiny_model_dir, dtype="float32", device="cuda")
     engine = HFEngine(model, tokenizer, seed=0)
     try:
-        for prompt in _prompts(tokenizer):
-            (completion,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=12))])[
-                0
-            ]
-            with torch.no_grad():
-                hf = model.generate(
-                    torch.tensor([prompt], device="cuda"),
-                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device="cuda"),
-                    do_sample=False,
-                    max_new_tokens=12,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
-            expected = hf[0, len(prompt) :].tolist()
-            if tokenizer.eos_token_id in expected:
-                expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
-            assert completion.response_ids == expected
+        for prompt in prompts(tokenizer):
+            assert_greedy_matches_hf_generate(engine, model, tokenizer, prompt)
     finally:
         engine.close()
 
@@ -118,7 +99,7 @@ def test_cuda_batched_sampling_is_seeded_and_concurrent_requests_share_a_batch(t
             runs.append(
                 [
                     [c.response_ids for c in cs]
-                    for cs in engine.generate_batch([(p, params) for p in _prompts(tokenizer)])
+                    for cs in engine.generate_batch([(p, params) for p in prompts(tokenizer)])
                 ]
             )
         finally:
