@@ -3,7 +3,52 @@
 Both sides: the tiny-5m model (first warmed up with 300 Trine SFT steps so rewards are not all zero),
 the same tokenizer and chat template, single-digit addition prompts, 4 prompts x 8 samples per step,
 max 32 new tokens, temperature 1, top-k off, no KL, one optimizer step per batch, token-mean loss
-(TRL's ``loss_type="dapo"``), the same learning rate, constant schedule, fused AdamW (TRL's default).
+(TRL's ``loss_type="dapo"``), the same learning rate, constant schedule, fused AdamW (TRL's default),
+float32, no gradient (activation) checkpointing.
+
+Every TRL ``GRPOConfig`` default that changes the work or the math, checked against trl 1.16.0 /
+transformers 5.23.0 (``python -c "from trl import GRPOConfig; print(GRPOConfig(output_dir='x',
+use_cpu=True, bf16=False))"``); the script sets each one explicitly so a new TRL default cannot move the
+comparison, and :func:`check_trl_args` fails if the resolved value differs:
+
+====================================  ======================  ==================  ============================
+setting                               TRL default             set here (TRL)      Trine (this script)
+====================================  ======================  ==================  ============================
+gradient/activation_checkpointing     **True**                False               none (not implemented)
+bf16                                  **True** (not fp16)     False               float32 (``dtype: auto``, CPU)
+loss_type                             dapo (token-mean)       dapo                ``loss_agg: token-mean``
+beta (KL coef)                        0.0                     0.0                 ``kl_coef: 0`` (grpo preset)
+epsilon / epsilon_high                0.2 / None (= 0.2)      0.2 / 0.2           ``clip_low/high: 0.2``
+importance_sampling_level             token                   token               ppo_clip, per token
+num_iterations / steps_per_generation 1 / 1                   1 / 1               ``update_epochs 1``, sync
+scale_rewards                         group (std + 1e-4)      group               group std (unbiased) + 1e-6
+mask_truncated_completions            False                   False               truncated rows trained
+top_entropy_quantile / entropy_coef   1.0 / 0.0               1.0 / 0.0           ``entropy_coef: 0``
+temperature / top_p / top_k / min_p   1.0 / 1.0 / 0 / None    1.0 / 1.0 / 0 / -   1.0 / 1.0 / 0 (no min_p)
+repetition_penalty                    1.0                     1.0                 none
+max_completion_length                 **512**                 32                  ``max_tokens: 32``
+per_device_train_batch_size           **8**                   32                  4 tasks x ``repeat: 8``
+num_generations / generation batch    8 / 8                   8 / 32 (derived)    8 / 32
+gradient_accumulation_steps           1                       1                   one micro-batch (8192 tok)
+learning_rate                         **1e-6**                5e-4                ``lr: 5e-4``
+lr_scheduler_type / warmup_steps      **linear** / 0          constant / 0        constant / 0
+optim                                 adamw_torch_fused       adamw_torch_fused   ``fused_adamw: true``
+adam_beta1 / beta2 / epsilon          0.9 / 0.999 / 1e-8      same                same (trainer defaults)
+weight_decay                          0.0                     0.0                 0.0
+max_grad_norm                         1.0                     1.0                 ``grad_clip: 1.0``
+disable_dropout                       False                   True                no-op: tiny-5m has no dropout
+torch_compile / use_liger_kernel      False / False           False / False       no compile
+use_vllm / transformers paging        False / False           False / False       Trine's HFEngine (KV cache)
+logging_steps / disable_tqdm          **10** / False          1 / True            jsonl sink only, every step
+save_strategy                         **steps** (500)         no                  ``save_every: 0`` (final only)
+report_to / log_completions           none / False            none / False        no W&B / MLflow / TB
+eval_strategy                         no                      no                  ``eval.at_start: false``
+shuffle_dataset / seed                True / 42               True / seed         shuffled / ``seed``
+====================================  ======================  ==================  ============================
+
+Not matched exactly: the advantage epsilon (1e-4 vs 1e-6; with 0/1 rewards a non-zero group std is
+>= 0.35, so < 0.03% apart), and Trine's ``time/step_seconds`` excludes its jsonl write while TRL's
+callback clock includes its per-step log (both small next to a 0.2 s step).
 
 1. Step time: blocks of steps alternate TRL, Trine, TRL, Trine ... (the first step of each block is
    a warm-up); medians per step, from the SFT'd model (short answers) and from the random model
@@ -11,18 +56,22 @@ max 32 new tokens, temperature 1, top-k off, no KL, one optimizer step per batch
    Every block runs in a fresh process (``--worker``): torch's OpenMP runtime keeps a thread team
    per thread that ever ran parallel ops, and the other side's leftover teams slowed both sides
    by 20-50% when they shared one process.
-2. Accuracy per wall-clock: each side trains for the same wall-clock budget; both final models are
-   evaluated by the same code (avg@8 at temperature 1 and greedy accuracy on all 100 sums), averaged
-   over `--seeds` independent runs (one 60 s RL run moves by several points from seed to seed).
-   Target: Trine at least as accurate.
+2. Accuracy per wall-clock: each side trains for the same wall-clock budget (TRL stops when its clock
+   passes it; Trine runs ``budget / its median step time`` steps, and the seconds each side actually
+   trained are reported); both final models are evaluated by the same code (avg@8 at temperature 1
+   and greedy accuracy on all 100 sums), for `--seeds` independent runs (one 60 s RL run moves by
+   several points from seed to seed). Reported per seed, with the mean, std, min and max of the
+   difference and the number of seeds on which Trine is ahead. Target: Trine at least as accurate.
 
 Needs the ``bench`` extra (``pip install -e ".[bench]"``). Usage:
 python benchmarks/vs_trl.py [--budget 60] [--rounds 3] [--block 5] [--seeds 3] [--no-write]
+Smoke check: python benchmarks/vs_trl.py --budget 5 --seeds 1 --rounds 1 --block 3 --no-write
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -87,6 +136,73 @@ def run_trine(model: Path, steps: int, seed: int = 0) -> tuple[list[float], Path
     return [r["time/step_seconds"] for r in rows if "time/step_seconds" in r], ckpt
 
 
+# What the TRL side sets (see the module docstring for TRL's defaults and Trine's equivalents).
+TRL_SETTINGS: dict[str, object] = {
+    "use_cpu": True,
+    "bf16": False,
+    "per_device_train_batch_size": 32,
+    "num_generations": 8,
+    "steps_per_generation": 1,
+    "gradient_accumulation_steps": 1,
+    "max_completion_length": 32,
+    "learning_rate": LR,
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 0,
+    "optim": "adamw_torch_fused",
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "adam_epsilon": 1e-8,
+    "weight_decay": 0.0,
+    "max_grad_norm": 1.0,
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "repetition_penalty": 1.0,
+    "beta": 0.0,
+    "epsilon": 0.2,
+    "epsilon_high": 0.2,
+    "importance_sampling_level": "token",
+    "num_iterations": 1,
+    "loss_type": "dapo",
+    "scale_rewards": "group",
+    "mask_truncated_completions": False,
+    "top_entropy_quantile": 1.0,
+    "torch_compile": False,
+    "use_liger_kernel": False,
+    "shuffle_dataset": True,
+    "use_vllm": False,
+    "logging_steps": 1,
+    "disable_tqdm": True,
+    "save_strategy": "no",
+    "report_to": "none",
+    "log_completions": False,
+    "disable_dropout": True,
+    "dataloader_num_workers": 0,
+}
+
+
+def trl_settings(config_cls: type) -> dict[str, object]:
+    """``TRL_SETTINGS`` plus checkpointing off under the name this transformers version uses.
+
+    transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing`` (the old name is a
+    deprecated alias); TRL defaults it to True, which recomputes every activation in the backward pass.
+    """
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {**TRL_SETTINGS, key: False}
+
+
+def check_trl_args(args: object) -> None:
+    """Fail when a resolved TRL setting differs from what the comparison assumes."""
+    want = {**TRL_SETTINGS, "gradient_checkpointing": False, "generation_batch_size": 32}
+    want.pop("report_to")
+    got = {key: getattr(args, key) for key in want}
+    got = {k: getattr(v, "value", v) for k, v in got.items()}  # enums (optim, schedule, ...) -> str
+    wrong = {k: (got[k], v) for k, v in want.items() if got[k] != v}
+    if wrong:
+        raise RuntimeError(f"TRL resolved settings differ from the benchmark's (got, wanted): {wrong}")
+
+
 def run_trl(model: Path, steps: int, budget: float | None = None, seed: int = 0) -> tuple[list[float], Path]:
     """TRL GRPOTrainer for ``steps`` (or until ``budget`` seconds); per-step seconds and saved model."""
     from datasets import Dataset
@@ -114,30 +230,8 @@ def run_trl(model: Path, steps: int, budget: float | None = None, seed: int = 0)
                 control.should_training_stop = True
 
     out = Path(tempfile.mkdtemp(prefix="trl-bench-"))
-    args = GRPOConfig(
-        output_dir=str(out),
-        use_cpu=True,
-        per_device_train_batch_size=32,
-        num_generations=8,
-        max_completion_length=32,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-        beta=0.0,
-        num_iterations=1,
-        loss_type="dapo",
-        max_steps=steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=seed,
-        max_grad_norm=1.0,
-        disable_dropout=True,
-        bf16=False,
-        dataloader_num_workers=0,
-    )
+    args = GRPOConfig(output_dir=str(out), max_steps=steps, seed=seed, **trl_settings(GRPOConfig))
+    check_trl_args(args)
     clock = Clock()
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model),
@@ -200,14 +294,85 @@ def sft_start(base: Path) -> Path:
     return path
 
 
+def spread(diffs: list[float]) -> str:
+    """``+mean (std s, min a, max b; Trine ahead on k/n seeds)`` of per-seed differences (points)."""
+    std = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    ahead = sum(d > 0 for d in diffs)
+    return (
+        f"{statistics.fmean(diffs):+.1f} pts (std {std:.1f}, min {min(diffs):+.1f}, max {max(diffs):+.1f}; "
+        f"Trine ahead on {ahead}/{len(diffs)} seeds)"
+    )
+
+
+def step_times(start: Path, base: Path, rounds: int, block: int) -> tuple[list[list[object]], float]:
+    """Alternating fresh-process blocks per side; table rows and Trine's median s/step after SFT."""
+    rows, trine_after_sft = [], 0.0
+    for label, model in (("after SFT (short answers)", start), ("random init (32-token responses)", base)):
+        times: dict[str, list[float]] = {"trl": [], "trine": []}
+        for _ in range(rounds):
+            times["trl"] += in_process("trl", model, block)[0][1:]
+            times["trine"] += in_process("trine", model, block)[0][1:]
+        trl, trine = median(times["trl"]), median(times["trine"])
+        trine_after_sft = trine_after_sft or trine
+        rows.append([f"s/step, {label}", f"{trl:.3f}", f"{trine:.3f}", f"{trine / trl:.2f}x", "≤ 0.5x"])
+    return rows, trine_after_sft
+
+
+def accuracy_runs(start: Path, budget: float, seeds: int, trine_steps: int) -> list[dict[str, dict]]:
+    """One GRPO run per side and seed for ``budget`` seconds; per seed ``{side: {metric: value}}``
+    with the final model's eval metrics plus ``steps`` and ``seconds`` (time spent in GRPO steps)."""
+    results = []
+    for seed in range(seeds):
+        per_side = {}
+        for side in ("trl", "trine"):
+            n = 10_000 if side == "trl" else trine_steps
+            times, final = in_process(side, start, n, budget=budget if side == "trl" else None, seed=seed)
+            per_side[side] = {**evaluate(final), "steps": len(times), "seconds": sum(times)}
+        results.append(per_side)
+    return results
+
+
+METRICS = (("eval/eval/avg@8", "avg@8 (T=1)"), ("eval/eval/accuracy", "greedy accuracy"))
+
+
+def accuracy_tables(results: list[dict[str, dict]], before: dict, budget: float) -> tuple[list, str]:
+    """Summary rows for the main table and a per-seed markdown table."""
+    rows = []
+    for key, name in METRICS:
+        trl = [100 * r["trl"][key] for r in results]
+        trine = [100 * r["trine"][key] for r in results]
+        rows.append(
+            [
+                f"{name} after {budget:.0f} s of GRPO, mean of {len(results)} seeds "
+                f"(start {100 * before[key]:.1f}%)",
+                f"{statistics.fmean(trl):.1f}%",
+                f"{statistics.fmean(trine):.1f}%",
+                spread([b - a for a, b in zip(trl, trine)]),
+                "≥ +0 on every seed",
+            ]
+        )
+    for key, name in (("steps", "GRPO steps in the budget (mean)"), ("seconds", "seconds in GRPO steps")):
+        trl, trine = (statistics.fmean(r[side][key] for r in results) for side in ("trl", "trine"))
+        fmt = ".0f" if key == "steps" else ".1f"
+        rows.append([name, f"{trl:{fmt}}", f"{trine:{fmt}}", f"{trine / max(1e-9, trl):.2f}x", "-"])
+    head = ["seed"] + [f"{side} {name}" for _, name in METRICS for side in ("TRL", "Trine")]
+    head += ["TRL steps (s)", "Trine steps (s)"]
+    per_seed = []
+    for seed, r in enumerate(results):
+        cells: list[object] = [seed]
+        for key, _ in METRICS:
+            cells += [f"{100 * r['trl'][key]:.1f}%", f"{100 * r['trine'][key]:.1f}%"]
+        cells += [f"{r[s]['steps']} ({r[s]['seconds']:.1f})" for s in ("trl", "trine")]
+        per_seed.append(cells)
+    return rows, markdown_table(head, per_seed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--budget", type=float, default=60.0, help="wall-clock seconds of GRPO per side")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--block", type=int, default=5, help="steps per timing block")
-    parser.add_argument(
-        "--seeds", type=int, default=3, help="accuracy runs per side (seeds 0..n-1), averaged"
-    )
+    parser.add_argument("--seeds", type=int, default=3, help="accuracy runs per side (seeds 0..n-1)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--worker", choices=["trl", "trine"], help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
@@ -222,65 +387,20 @@ def main() -> None:
     threads(2)
     base = tiny_model("tiny-5m")
     start = sft_start(base)
-    rows = []
-    medians = {}
-    for label, model in (("after SFT (short answers)", start), ("random init (32-token responses)", base)):
-        times: dict[str, list[float]] = {"trl": [], "trine": []}
-        for _ in range(args.rounds):
-            times["trl"] += in_process("trl", model, args.block)[0][1:]
-            times["trine"] += in_process("trine", model, args.block)[0][1:]
-        trl, trine = median(times["trl"]), median(times["trine"])
-        medians[label] = (trl, trine)
-        rows.append([f"s/step, {label}", f"{trl:.3f}", f"{trine:.3f}", f"{trine / trl:.2f}x", "≤ 0.5x"])
-
-    _, trine_s = medians["after SFT (short answers)"]
-    trine_steps = max(1, int(args.budget / trine_s))
+    rows, trine_s = step_times(start, base, args.rounds, args.block)
     before = evaluate(start)
-    evals: dict[str, list[dict[str, float]]] = {"trl": [], "trine": []}
-    steps: dict[str, list[int]] = {"trl": [], "trine": []}
-    for seed in range(args.seeds):  # one 60 s RL run is noisy: average independent runs
-        for side in ("trl", "trine"):
-            n = 10_000 if side == "trl" else trine_steps
-            times, final = in_process(
-                side, start, n, budget=args.budget if side == "trl" else None, seed=seed
-            )
-            evals[side].append(evaluate(final))
-            steps[side].append(len(times))
-    per_seed = []
-    for key, name in (("eval/eval/avg@8", "avg@8 (T=1)"), ("eval/eval/accuracy", "greedy accuracy")):
-        trl_acc, trine_acc = (statistics.fmean(e[key] for e in evals[side]) for side in ("trl", "trine"))
-        rows.append(
-            [
-                f"{name} after {args.budget:.0f} s of GRPO, mean of {args.seeds} seeds (start {100 * before[key]:.1f}%)",
-                f"{100 * trl_acc:.1f}%",
-                f"{100 * trine_acc:.1f}%",
-                f"{trine_acc - trl_acc:+.3f}",
-                "≥ +0",
-            ]
-        )
-        per_seed.append(
-            f"{name} per seed: TRL "
-            + ", ".join(f"{100 * e[key]:.0f}%" for e in evals["trl"])
-            + "; Trine "
-            + ", ".join(f"{100 * e[key]:.0f}%" for e in evals["trine"])
-        )
-    trl_steps, trine_steps_done = (statistics.fmean(steps[side]) for side in ("trl", "trine"))
-    rows.append(
-        [
-            "GRPO steps in the budget (mean)",
-            f"{trl_steps:.0f}",
-            f"{trine_steps_done:.0f}",
-            f"{trine_steps_done / max(1, trl_steps):.1f}x",
-            "-",
-        ]
-    )
-    table = markdown_table(["measure", "TRL", "Trine", "ratio / diff", "target"], rows)
+    results = accuracy_runs(start, args.budget, args.seeds, max(1, int(args.budget / trine_s)))
+    acc_rows, per_seed = accuracy_tables(results, before, args.budget)
+    table = markdown_table(["measure", "TRL", "Trine", "ratio / diff", "target"], rows + acc_rows)
     report(
         "Trine vs TRL GRPO (tiny-5m, CPU, 2 threads)",
-        table,
-        f"4 prompts x 8 samples, max 32 new tokens, lr {LR}, no KL, TRL loss_type=dapo; medians of "
+        table
+        + "\n\nPer seed (accuracy after the budget; steps and seconds spent in GRPO steps):\n\n"
+        + per_seed,
+        f"4 prompts x 8 samples, max 32 new tokens, lr {LR}, no KL, TRL loss_type=dapo, fp32, fused AdamW, "
+        "gradient checkpointing off on both sides (TRL's default is on); medians of "
         f"{args.rounds} alternating blocks of {args.block} steps (first step of each block dropped), "
-        "each block in a fresh process. " + "; ".join(per_seed) + ".",
+        "each block in a fresh process.",
         write=not args.no_write,
     )
     torch.set_num_threads(2)

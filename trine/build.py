@@ -228,6 +228,9 @@ def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None, teacher: Any =
         reward_timeout=e.reward_timeout,
         rollouts_path=rollouts,
         teacher=teacher,
+        blocking_threads=e.blocking_threads,
+        max_skip_ratio=e.max_skip_ratio,
+        warn_skip_ratio=e.warn_skip_ratio,
     )
 
 

@@ -33,16 +33,21 @@ PLUGIN_HELP = "Python file(s) to load first; their @trine.register(...) plugins 
 
 
 def _load(config: Path, overrides: list[str], plugins: list[Path]) -> list[Any]:
+    """Load plugins, the config and its stages, and check their data and model files (nothing is
+    written); print every problem and exit 2 if there is any."""
     from trine.config import ConfigError, load_config
+    from trine.preflight import check
     from trine.registry import load_plugin
 
-    for plugin in plugins:
-        load_plugin(plugin)
     try:
-        return load_config(config, overrides)
-    except ConfigError as err:
+        for plugin in plugins:
+            load_plugin(plugin)
+        stages = load_config(config, overrides)
+        check(stages)
+    except (ConfigError, FileNotFoundError) as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
+    return stages
 
 
 @app.command()
@@ -51,7 +56,7 @@ def validate(
     overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
     plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
-    """Check a config and report every error at once."""
+    """Check a config, its tasksets and model files, and report every error at once."""
     stages = _load(config, overrides or [], plugin)
     names = ", ".join(s.stage for s in stages)
     typer.secho(f"{config}: OK ({len(stages)} stage(s): {names})", fg=typer.colors.GREEN)
@@ -66,9 +71,18 @@ def run(
     """Run a config: every stage in order, resuming from the run directory's last checkpoint."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     stages = _load(config, overrides or [], plugin)
+    from trine.blocking import exit_guard
     from trine.loop import run as run_stages
 
-    summary = run_stages(stages)
+    code = 1  # failed: the error propagates (traceback, status.json "failed")
+    try:
+        summary = run_stages(stages)
+        code = 0
+    except KeyboardInterrupt:
+        code = 130
+        raise
+    finally:  # threads a plugin or a hung call left behind must not keep the process alive
+        exit_guard(code)
     print_summary(summary)
 
 
@@ -104,6 +118,23 @@ def plot(run_dir: Path = typer.Argument(..., help="A run directory holding metri
         raise typer.Exit(2) from None
     for path in paths:
         typer.echo(str(path))
+
+
+@app.command()
+def status(run_dir: Path = typer.Argument(..., help="A run directory (runs/<name>).")) -> None:
+    """Say whether a run is running, dead (killed: pid gone or heartbeat stale), finished, stopped or
+    failed, at which step. Exit code: 0 running/finished/stopped, 1 dead/failed, 2 no run there."""
+    from trine.status import describe, read_status
+
+    try:
+        record = read_status(run_dir)
+    except FileNotFoundError as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    state, why = describe(record)
+    line = f"{run_dir}: {state} at step {record.get('step', '?')}"
+    typer.echo(f"{line} ({why.splitlines()[0]})" if why else line)
+    raise typer.Exit(1 if state in ("dead", "failed") else 0)
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -29,7 +29,19 @@ def _rows(run_dir: Path, status: str | None = None):
 
         found = list_checkpoints(run_dir / "checkpoints")
         rows = rows_from_state(load_states(found[-1])[1].get("buffer") or {}) if found else []
+        typer.secho(memory_buffer_note(run_dir, len(rows), bool(found)), fg=typer.colors.YELLOW, err=True)
     return [(e, s) for e, s in rows if status is None or s == status]
+
+
+def memory_buffer_note(run_dir: Path, kept: int, has_checkpoint: bool) -> str:
+    """What ``trine buffer`` can show of a run whose buffer lived in memory, and how to keep more."""
+    where = "at its last checkpoint" if has_checkpoint else "(it has no checkpoint yet)"
+    return (
+        f"note: {run_dir} kept its buffer in memory (buffer.storage: memory, the default), so the "
+        f"experiences it trained on were never stored; only the {kept} not yet trained {where} can be "
+        "shown. To inspect every experience, run with buffer.storage: sql (or file); "
+        "explorer.dump_rollouts: true also writes each sampled response and reward to rollouts.jsonl."
+    )
 
 
 @buffer_app.command()

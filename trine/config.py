@@ -3,25 +3,73 @@
 Defaults live only here, each with a docstring under the field. ``load_config(path, overrides)``
 reads YAML, applies ``key.sub=value`` overrides, validates the base config and every stage, and
 raises :class:`ConfigError` listing *every* problem with its key path (unknown keys come with the
-closest valid name; unknown workflow/reward/algorithm names with the list of valid ones).
+closest valid name; unknown workflow/reward/algorithm names with the list of valid ones; numbers
+outside their range with the range).
 Relative paths in the file are resolved against the config file's directory.
+
+Rules:
+
+- **Stages win over the top level.** Each entry of ``stages`` is merged over the top-level
+  settings, so a key a stage sets replaces the top-level value for that stage. In the YAML file
+  this is normal (a default at the top, a stage-specific value below), and the top-level value is
+  still validated. A *command-line* override of a top-level key that a stage sets would change
+  nothing for that stage, so it is an error naming each ``stages.<i>.<key>``; override
+  ``stages.<i>.<key>=value`` instead.
+- **Types are strict.** ``"yes"`` is not a bool and ``"4"`` is not an int (write ``true``/``4``
+  without quotes); ints are accepted for floats, YAML lists for tuples, and ``3e-4`` is read as
+  a float (YAML 1.2), not as the string PyYAML would make of it.
+- **Conflicting settings are errors**, e.g. ``tasks.epochs`` with ``tasks.total_steps``, or a
+  setting that only applies to another mode or option.
 """
 
 from __future__ import annotations
 
-import copy
-import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from trine import registry
+from trine.config_format import format_error, type_name
+from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
+    ConfigError,
+    apply_overrides,
+    load_yaml,
+    merge,
+    shadowed_overrides,
+    shadowed_paths,
+)
+
+# Numeric ranges shared by many fields (the bounds appear in error messages and the reference).
+Count = Annotated[int, Field(ge=1)]
+"""An integer >= 1."""
+NonNegInt = Annotated[int, Field(ge=0)]
+"""An integer >= 0."""
+Positive = Annotated[float, Field(gt=0)]
+"""A number > 0."""
+NonNeg = Annotated[float, Field(ge=0)]
+"""A number >= 0."""
+Beta = Annotated[float, Field(ge=0, lt=1)]
+"""An AdamW beta, in [0, 1)."""
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_assignment=True,
+        strict=True,
+        allow_inf_nan=False,
+    )
 
 
 def _check_name(kind: str, value: str | None) -> str | None:
@@ -70,19 +118,19 @@ class ModelConfig(Section):
 
 
 class SamplingConfig(Section):
-    temperature: float = 1.0
+    temperature: NonNeg = 1.0
     """Sampling temperature (0 = greedy). Logprobs are computed at this temperature."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling threshold (1 = off)."""
-    top_k: int = 0
+    top_k: NonNegInt = 0
     """Top-k truncation (0 = off, the right default for RL)."""
-    max_tokens: int = 64
+    max_tokens: Count = 64
     """Maximum new tokens per response."""
     stop: list[str] = []
     """Stop strings."""
-    stop_token_ids: list[int] = []
+    stop_token_ids: list[NonNegInt] = []
     """Extra stop token ids besides eos."""
-    seed: int | None = None
+    seed: NonNegInt | None = None
     """Per-request seed (None: the engine's seeded generator)."""
     ignore_eos: bool = False
     """Generate past eos up to max_tokens (fixed-length sampling for benchmarks)."""
@@ -121,15 +169,15 @@ class TasksetConfig(Section):
     """Reward function name or ``package.module:function``."""
     reward_args: dict[str, Any] = {}
     """Keyword arguments of the reward function."""
-    repeat: int = 8
+    repeat: Count = 8
     """Group size: rollouts per task."""
     sampling: SamplingConfig = SamplingConfig()
     """How responses are sampled for this taskset."""
     on_bad_row: Literal["error", "skip"] = "error"
     """A row missing a mapped field: stop with an error naming file, row and key, or skip and count it."""
-    limit: int | None = None
+    limit: Count | None = None
     """Use only the first N rows."""
-    weight: float | None = None
+    weight: Positive | None = None
     """Share of each batch when several tasksets are mixed (``tasks.mix``); None: by taskset size."""
 
     _paths = field_validator("path")(_resolve_path)
@@ -145,6 +193,43 @@ class TasksetConfig(Section):
                 "against the config file's directory)."
             )
         return v
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> TasksetConfig:
+        if self.messages_key is not None and self.prompt_template is not None:
+            raise ValueError(
+                "messages_key and prompt_template are both set; give one: a chat field, or a template "
+                "for a text prompt"
+            )
+        return self
+
+
+def _argument_problems(tasks: TasksConfig, mode: str, algo: Any = None) -> list[str]:
+    """``workflow_args``/``reward_args`` that the workflow or reward does not take (misspelt names
+    would otherwise fail every task at run time). Only tasksets this mode runs workflows on are
+    checked: the explored ones in mode sync (with ``algo``'s rollout arguments, if given) and eval sets."""
+    tasksets = [] if algo else [(f"eval.{i}", ts, {}) for i, ts in enumerate(tasks.eval)]
+    if mode == "sync":
+        extra = algo.rollout_args if algo else {}
+        explored = [("train", tasks.train), *((f"mix.{i}", m) for i, m in enumerate(tasks.mix))]
+        tasksets = [(key, ts, extra) for key, ts in explored if ts is not None] + tasksets
+    problems = []
+    for key, ts, extra in tasksets:
+        if extra:
+            what = f"tasks.{key}.workflow_args with algorithm {algo.name!r}'s rollout arguments {extra}"
+            problems.append(
+                registry.check_arguments(
+                    "workflow", ts.workflow, {**ts.workflow_args, **extra}, what, reward=None
+                )
+            )
+            continue
+        problems += [
+            registry.check_arguments(
+                "workflow", ts.workflow, ts.workflow_args, f"{key}.workflow_args", reward=None
+            ),
+            registry.check_arguments("reward", ts.reward, ts.reward_args, f"{key}.reward_args", "", None),
+        ]
+    return [p for p in problems if p]
 
 
 class TasksConfig(Section):
@@ -165,34 +250,69 @@ class TasksConfig(Section):
     ``target_pass_rate`` (also ``prior_pass_rate``, ``prior_strength``, ``forgetting``); ``{}`` for defaults."""
     expert: TasksetConfig | None = None
     """Expert (supervised) rows mixed into RL batches by the ``mix`` algorithm (prompt + answer/response)."""
-    batch_size: int = 8
+    batch_size: Count = 8
     """Tasks per explorer batch (each yields ``repeat`` experiences); one batch per training step."""
-    total_steps: int | None = None
+    total_steps: Count | None = None
     """Training steps of this stage; None: as many as ``epochs`` passes over the taskset allow."""
-    epochs: int | None = None
+    epochs: Count | None = None
     """Passes over the taskset; None with total_steps set: repeat as needed."""
     shuffle: bool = True
     """Shuffle the taskset every epoch (seeded)."""
 
     @model_validator(mode="after")
-    def _length(self) -> TasksConfig:
+    def _length(self, info: ValidationInfo) -> TasksConfig:
         if self.total_steps is None and self.epochs is None:
-            raise ValueError(
-                "set tasks.total_steps or tasks.epochs (or both) so the stage knows when to stop"
+            raise ValueError("set tasks.total_steps or tasks.epochs so the stage knows when to stop")
+        problems = []
+        if self.total_steps is not None and self.epochs is not None:
+            problems.append(
+                f"tasks.total_steps={self.total_steps} and tasks.epochs={self.epochs} are both set, but "
+                "total_steps alone decides the length (epochs would be ignored); keep one (in a stage "
+                "that inherits the other from the top level, set it to null)"
             )
+        if self.selector != "easy_to_hard" and (self.difficulty_key is not None or self.descending):
+            problems.append(
+                f"tasks.difficulty_key/descending only apply to selector: easy_to_hard "
+                f"(selector is {self.selector!r}); set the selector or remove them"
+            )
+        if self.selector == "easy_to_hard" and self.difficulty_key is None:
+            problems.append(
+                "tasks.selector: easy_to_hard needs tasks.difficulty_key, the row field to sort by"
+            )
+        mode = (info.context or {}).get("mode", "sync")
+        problems += _argument_problems(self, mode if mode in ("sync", "train") else "sync")
+        if self.curriculum is not None and self.selector not in (None, "shuffle"):
+            problems.append(
+                f"tasks.curriculum picks tasks online, so tasks.selector={self.selector!r} would be ignored; "
+                "drop one of the two"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
 class ExplorerConfig(Section):
-    timeout: float = 600.0
+    timeout: Positive = 600.0
     """Seconds a task's workflow may run before it is cancelled and retried/skipped."""
-    max_retries: int = 1
+    max_retries: NonNegInt = 1
     """Retries of a task whose workflow raised, timed out or returned nothing."""
-    max_concurrency: int = 256
+    max_concurrency: Count = 256
     """Tasks running at once."""
-    reward_timeout: float = 30.0
-    """Seconds one reward call may take (its thread is abandoned after that)."""
-    max_batch_size: int = 256
+    reward_timeout: Positive = 30.0
+    """Seconds one reward call may take once it has started; after that the task is skipped
+    (``explorer/reward_timeouts``, ``explorer/skipped_reward_timeout``) and the call's thread is
+    abandoned and replaced by a fresh one."""
+    blocking_threads: Annotated[int, Field(ge=1, le=1024)] = 32
+    """Most blocking calls (reward functions, environment construction/reset/step) that run at once,
+    each in its own worker thread. A call abandoned by a timeout keeps its thread until it returns
+    (counted in ``explorer/stuck_threads``) and a fresh worker takes its place."""
+    max_skip_ratio: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """Stop the run with an error naming the skip reasons when more than this share of the tasks of
+    the last 10 training batches of the stage (all of them, early on) were skipped; evaluation is
+    not counted. 1.0 turns the check off."""
+    warn_skip_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """Log a warning with the skip reasons when one batch skips more than this share of its tasks."""
+    max_batch_size: Count = 256
     """Rows the rollout engine samples in one batch."""
     dump_rollouts: bool = False
     """Append every sampled trajectory (text, reward) to ``rollouts.jsonl`` in the run directory."""
@@ -212,15 +332,15 @@ class BufferConfig(Section):
     sampler: Literal["fifo", "priority"] = "fifo"
     """``fifo``: each experience once, oldest first. ``priority``: replay — fresher, less-used first,
     each up to ``reuse_limit`` times, not again for ``cooldown`` gets."""
-    reuse_limit: int = 1
+    reuse_limit: Count = 1
     """Times an experience may be handed out (priority sampler)."""
-    reuse_decay: float = 1.0
+    reuse_decay: NonNeg = 1.0
     """Priority = policy_version - use_count × reuse_decay."""
-    cooldown: int = 0
+    cooldown: NonNegInt = 0
     """Gets an experience waits after each use before it is eligible again."""
-    max_staleness: int | None = None
+    max_staleness: NonNegInt | None = None
     """Drop (and count) experiences more than this many versions older than the trainer's."""
-    pending_timeout: float | None = None
+    pending_timeout: Positive | None = None
     """Seconds a pending (reward=None) experience may wait for its reward."""
     pending_action: Literal["drop", "default"] = "drop"
     """What happens to pending experiences after ``pending_timeout``: dropped, or given ``default_reward``."""
@@ -243,10 +363,37 @@ class BufferConfig(Section):
             _check_name("operator", spec["name"])
         return v
 
-    get_timeout: float = 600.0
+    get_timeout: Positive = 600.0
     """Seconds the trainer waits for a batch before failing with a clear error."""
 
     _storage = field_validator("storage")(lambda v: _check_name("storage", v))
+
+    @model_validator(mode="after")
+    def _ignored(self) -> BufferConfig:
+        problems = []
+        if self.sampler == "fifo" and (self.reuse_limit != 1 or self.cooldown or self.reuse_decay != 1.0):
+            problems.append(
+                f"buffer.reuse_limit={self.reuse_limit}, cooldown={self.cooldown} and reuse_decay="
+                f"{self.reuse_decay} only apply to sampler: priority (fifo hands each experience out once); "
+                "set sampler: priority or remove them"
+            )
+        if self.pending_timeout is None and (self.pending_action != "drop" or self.default_reward != 0):
+            problems.append(
+                "buffer.pending_action/default_reward only apply once buffer.pending_timeout is set; "
+                "set pending_timeout (seconds) or remove them"
+            )
+        elif self.pending_action == "drop" and self.default_reward != 0:
+            problems.append(
+                f"buffer.default_reward={self.default_reward} only applies with pending_action: default"
+            )
+        if self.url is not None and self.storage not in ("sql", "sqlite"):
+            problems.append(
+                f"buffer.url only applies to storage: sql (storage is {self.storage!r}); "
+                "pass a plugin storage's arguments in buffer.storage_args"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class AlgorithmConfig(Section):
@@ -264,29 +411,29 @@ class AlgorithmConfig(Section):
         Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
     ) = None
     """Loss aggregation; normalized over the whole step, not per micro-batch."""
-    kl_coef: float | None = None
+    kl_coef: NonNeg | None = None
     """KL-to-reference loss coefficient (> 0 loads a frozen reference model)."""
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs", "mse"] | None = None
     """KL estimator for the KL loss."""
     kl_mode: Literal["loss", "reward"] | None = None
     """Where the KL to the reference goes: a loss term, or a per-token penalty inside the reward."""
-    kl_target: float | None = None
+    kl_target: Positive | None = None
     """Adaptive KL coefficient: steer towards this KL per token (None: fixed coefficient)."""
-    kl_horizon: float | None = None
+    kl_horizon: Positive | None = None
     """Adaptive KL horizon in samples."""
-    entropy_coef: float | None = None
+    entropy_coef: NonNeg | None = None
     """Entropy bonus coefficient."""
     critic_args: dict[str, Any] | None = None
     """Arguments of the critic's value loss (e.g. ``clip_eps``), for algorithms with a critic."""
     dynamic_sampling: bool | None = None
     """Drop groups whose rewards all agree and draw more tasks until the batch is full (DAPO)."""
-    max_extra_draws: int | None = None
+    max_extra_draws: NonNegInt | None = None
     """Dynamic sampling: at most this many extra task draws per batch."""
-    overlong_buffer: float | None = None
+    overlong_buffer: NonNeg | None = None
     """Overlong reward shaping over the last N tokens before max_tokens (< 1: a fraction of max_tokens; 0: off)."""
-    overlong_penalty: float | None = None
+    overlong_penalty: NonNeg | None = None
     """Overlong reward shaping: the penalty at max_tokens."""
-    expert_ratio: float | None = None
+    expert_ratio: NonNeg | None = None
     """MIX: expert rows per rollout row (from ``tasks.expert``)."""
 
     _name = field_validator("name")(lambda v: _check_name("algorithm", v))
@@ -295,27 +442,27 @@ class AlgorithmConfig(Section):
 
 
 class TrainerConfig(Section):
-    lr: float = 1e-5
+    lr: Positive = 1e-5
     """Peak learning rate of AdamW."""
-    weight_decay: float = 0.0
+    weight_decay: NonNeg = 0.0
     """AdamW weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
     """AdamW betas."""
-    eps: float = 1e-8
+    eps: Positive = 1e-8
     """AdamW epsilon."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """LR after warmup: constant, or cosine decay to ``min_lr_ratio × lr`` at the last step."""
-    warmup_steps: int = 0
+    warmup_steps: NonNegInt = 0
     """Optimizer steps of linear warmup."""
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
     """Final LR as a fraction of lr (cosine)."""
-    grad_clip: float = 1.0
+    grad_clip: NonNeg = 1.0
     """Max global gradient norm (0 = no clipping)."""
-    micro_batch_tokens: int = 8192
+    micro_batch_tokens: Count = 8192
     """Padded tokens per micro-batch (forward/backward); sequences are bucketed by length."""
-    mini_batches: int = 1
+    mini_batches: Count = 1
     """Optimizer steps per batch (the batch is split into this many mini-batches)."""
-    update_epochs: int = 1
+    update_epochs: Count = 1
     """Passes over the batch per training step."""
     recompute_logprobs: bool = False
     """Recompute old logprobs with the trainer instead of using the rollout engine's."""
@@ -323,31 +470,45 @@ class TrainerConfig(Section):
     """The policy's AdamW as torch's fused kernel (the default of HF Trainer / TRL): one pass over all
     parameters, ~4x faster optimizer step on CPU. Off by default because its float rounding differs
     from the unfused AdamW: runs with it are not bit-comparable with runs without it."""
-    save_every: int = 0
+    save_every: NonNegInt = 0
     """Save a checkpoint every N steps (0: only at the end of each stage)."""
-    keep_checkpoints: int = 2
-    """Number of most recent checkpoints kept."""
-    critic_lr: float | None = None
+    keep_checkpoints: NonNegInt = 2
+    """Number of most recent checkpoints kept (0: keep all)."""
+    critic_lr: Positive | None = None
     """Learning rate of the critic (algorithms with a critic, e.g. ppo); None: the policy's lr."""
-    critic_warmup_steps: int = 0
+    critic_warmup_steps: NonNegInt = 0
     """Steps during which only the critic is trained (the policy waits for useful values)."""
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_list(cls, v: Any) -> Any:
+        return tuple(v) if isinstance(v, list) else v  # YAML has lists, not tuples
+
+    @model_validator(mode="after")
+    def _schedule(self) -> TrainerConfig:
+        if self.lr_schedule == "constant" and self.min_lr_ratio != 0:
+            raise ValueError(
+                f"trainer.min_lr_ratio={self.min_lr_ratio} only applies to lr_schedule: cosine; "
+                "set lr_schedule: cosine or remove min_lr_ratio"
+            )
+        return self
 
 
 class SyncConfig(Section):
-    sync_interval: int = 1
+    sync_interval: Count = 1
     """Batches explored per weight version (k): weights are pushed to the explorer every k steps."""
-    sync_offset: int = 0
+    sync_offset: NonNegInt = 0
     """Batches the explorer runs ahead of the trainer (m); m > 0 explores from a weight snapshot."""
 
 
 class EvalConfig(Section):
-    every: int = 0
+    every: NonNegInt = 0
     """Evaluate every N training steps (0: only at the start and end of each stage)."""
     at_start: bool = True
     """Evaluate before a stage's first step."""
     greedy: bool = True
     """Report greedy accuracy (``eval/<name>/accuracy``)."""
-    k: int = 8
+    k: NonNegInt = 8
     """Samples per task at the taskset's temperature for ``avg@k`` and ``pass@k`` (0: off)."""
     success_threshold: float = 1.0
     """A sample counts as correct when its reward is at least this."""
@@ -376,13 +537,13 @@ class RunConfig(Section):
     """Where config, metrics, checkpoints and plots go."""
     mode: Literal["sync", "train"] = "sync"
     """``sync``: explore and train alternately (RL); ``train``: train from the taskset only (SFT)."""
-    seed: int = 42
+    seed: NonNegInt = 42
     """Seed of every random stream (task order, sampling, mini-batch shuffles)."""
-    num_threads: int | None = None
+    num_threads: Count | None = None
     """torch CPU threads (None: torch's default)."""
     resume: bool = True
     """Continue from the last checkpoint in the run directory if there is one."""
-    stop_after_steps: int | None = None
+    stop_after_steps: Count | None = None
     """Checkpoint and stop once this many steps (counted over all stages) are done; run again to
     continue (for time-limited jobs)."""
     model: ModelConfig = ModelConfig(init_preset="tiny-1m")
@@ -412,11 +573,6 @@ class RunConfig(Section):
         if self.tasks.train is None:
             raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
         problems = []
-        if self.sync.sync_interval < 1 or self.sync.sync_offset < 0:
-            problems.append(
-                f"sync.sync_interval={self.sync.sync_interval} must be >= 1 and "
-                f"sync.sync_offset={self.sync.sync_offset} must be >= 0"
-            )
         if self.mode == "train" and (self.sync.sync_offset or self.sync.sync_interval != 1):
             problems.append(
                 "sync settings only apply to mode 'sync' (there is no explorer in mode 'train'); "
@@ -456,95 +612,48 @@ def _algorithm_problems(cfg: RunConfig, preset: Any) -> list[str]:
         problems.append(f"algorithm {algo.name!r} mixes expert rows; set tasks.expert to a taskset of them")
     if algo.loss == "distill" and cfg.explorer.teacher is None:
         problems.append("algorithm 'distill' needs a teacher model; set explorer.teacher to its directory")
+    if algo.rollout_args:
+        problems += _argument_problems(cfg.tasks, cfg.mode, algo)
     return problems
 
 
-class ConfigError(ValueError):
-    """Every problem found in a config, one per line, each with its key path."""
-
-    def __init__(self, errors: list[str]):
-        self.errors = errors
-        super().__init__(f"{len(errors)} error(s) in the config:\n" + "\n".join(f"  - {e}" for e in errors))
+def _format(err: dict[str, Any], prefix: str, loc_root: tuple = ()) -> str:
+    return format_error(err, prefix, RunConfig, loc_root)
 
 
-def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    node = data
-    parts = key.split(".")
-    for depth, part in enumerate(parts):
-        where = ".".join(parts[:depth]) or "the top level"
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(
-                    [
-                        f"override {key!r}: {where} is a list of {len(node)}; "
-                        f"use an index 0..{len(node) - 1} instead of {part!r}"
-                    ]
-                )
-            index: Any = int(part)
-        elif isinstance(node, dict):
-            index = part
-        else:
-            raise ConfigError(
-                [f"override {key!r}: {where} is a value, not a mapping; it has no key {part!r}"]
+def _section(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The section class of field ``name`` of ``model`` (``TasksetConfig`` for ``train``), if any."""
+    ann = model.model_fields[name].annotation
+    return next((c for c in (ann, *get_args(ann)) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def _check_shadowed(base: dict[str, Any], raw: dict[str, Any], context: dict) -> list[str]:
+    """Validate the top-level values a stage replaces, which its own validation never sees.
+
+    Each is assigned to a default instance of its section, so field types, ranges and names are
+    checked; checks across fields are left to the stages that use the value.
+    """
+    errors = []
+    for path in shadowed_paths(base, raw):
+        owner: type[BaseModel] = RunConfig
+        depth = 0
+        while path[depth] in owner.model_fields and depth < len(path) - 1:
+            nested = _section(owner, path[depth])
+            if nested is None:
+                break  # a dict or list field: its whole top-level value is checked
+            owner, depth = nested, depth + 1
+        if path[depth] not in owner.model_fields:
+            continue  # an unknown key: the stage reports it
+        value: Any = base
+        for part in path[: depth + 1]:
+            value = value[part]
+        try:
+            owner.__pydantic_validator__.validate_assignment(
+                owner.model_construct(), path[depth], value, context=context
             )
-        if depth == len(parts) - 1:
-            node[index] = value
-        else:
-            if isinstance(node, dict) and node.get(part) is None:
-                node[part] = {}
-            node = node[index]
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.sub=value`` overrides (values parsed as YAML: numbers, bools, lists)."""
-    data = copy.deepcopy(data)
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise ConfigError([f"override {o!r} is not of the form key.sub=value" for o in bad])
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        _set_dotted(data, key.strip(), yaml.safe_load(raw) if raw.strip() else None)
-    return data
-
-
-def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``override`` into a copy of ``base`` (dicts merge, everything else replaces)."""
-    out = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    model: Any = RunConfig
-    for part in loc:
-        if isinstance(part, int) or model is None:
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        ann = field.annotation
-        candidates = [ann, *getattr(ann, "__args__", ())]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-    return model
-
-
-def _format(err: dict[str, Any], prefix: str) -> str:
-    loc = tuple(err["loc"])
-    path = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "<root>"
-    if err["type"] == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        valid = list(parent.model_fields) if parent else []
-        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(valid)}"
-        return f"{path}: unknown key; {hint}"
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] not in ("value_error", "assertion_error") and "input" in err:
-        msg += f" (got {err['input']!r})"
-    return f"{path}: {msg}"
+        except ValidationError as err:
+            errors += [_format(e, "", path[:depth]) for e in err.errors() if e["loc"]]
+    return errors
 
 
 def validate_dict(
@@ -553,14 +662,15 @@ def validate_dict(
     """Validate a raw config dict; returns (one config per stage, errors).
 
     Without ``stages`` the config is its own single stage. With ``stages``, each entry is merged
-    over the top-level settings and validated on its own (errors carry ``stages.<i>.`` paths).
+    over the top-level settings and validated on its own (errors carry ``stages.<i>.`` paths);
+    top-level values that stages replace are validated too (errors carry their top-level path).
     """
     errors: list[str] = []
     context = {"base_dir": str(base_dir) if base_dir else None}
 
     def check(raw: dict[str, Any], prefix: str) -> RunConfig | None:
-        try:
-            return RunConfig.model_validate(raw, context=context)
+        try:  # the mode tells which tasksets run workflows (their arguments are checked)
+            return RunConfig.model_validate(raw, context={**context, "mode": raw.get("mode", "sync")})
         except ValidationError as err:
             errors.extend(_format(e, prefix) for e in err.errors())
             return None
@@ -583,26 +693,38 @@ def validate_dict(
         stage = check(merge(base, raw), f"stages.{i}.")
         if stage is not None:
             stages.append(stage)
+        errors += [e for e in _check_shadowed(base, raw, context) if e not in errors]
     names = [s.stage for s in stages]
     errors.extend(f"stages: stage name {n!r} is used twice" for n in sorted(set(names)) if names.count(n) > 1)
     return stages, errors
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> list[RunConfig]:
-    """Read, override and validate a YAML config; raise :class:`ConfigError` with every problem."""
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping in ``path``; :class:`ConfigError` if it is missing, not YAML or not a mapping."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"config file {str(path)!r} does not exist"])
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError([f"{path}: not valid YAML: {err}"]) from err
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: expected a mapping at the top level, got {type(data).__name__}"])
-    data = apply_overrides(data, overrides or [])
-    stages, errors = validate_dict(data, base_dir=path.absolute().parent)  # absolute paths out
-    if errors:
-        raise ConfigError(errors)
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> list[RunConfig]:
+    """Read, override and validate a YAML config; raise :class:`ConfigError` with every problem.
+
+    A command-line override of a top-level key that a stage sets is an error (see the module
+    docstring), reported with everything else.
+    """
+    path = Path(path)
+    data = apply_overrides(read_yaml(path), overrides or [])
+    errors = shadowed_overrides(data, overrides or [])
+    stages, more = validate_dict(data, base_dir=path.absolute().parent)  # absolute paths out
+    if errors or more:
+        raise ConfigError(errors + more)
     return stages
 
 
@@ -627,19 +749,9 @@ def reference_markdown() -> str:
             if nested is not None and nested not in seen:
                 seen.add(nested)
                 sections.append((name if model is RunConfig else f"{title}.{name}", nested))
-            type_name = _type_name(ann)
+            text = type_name(ann, list(field.metadata))
             default = "(section)" if nested is not None else f"`{field.default!r}`"
             doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
-            lines.append(f"| `{name}` | {type_name.replace('|', chr(92) + '|')} | {default} | {doc} |")
+            lines.append(f"| `{name}` | {text.replace('|', chr(92) + '|')} | {default} | {doc} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def _type_name(ann: Any) -> str:
-    import typing
-
-    if typing.get_origin(ann) is Literal:
-        return " / ".join(repr(a) for a in typing.get_args(ann))
-    text = getattr(ann, "__name__", None) if not typing.get_args(ann) else None
-    text = text or str(ann)
-    return text.replace("typing.", "").replace("trine.config.", "")

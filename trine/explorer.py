@@ -1,25 +1,73 @@
 """The explorer: runs batches of tasks through workflows, concurrently, and reports what happened.
 
 Each task runs as its own asyncio task with a timeout and a number of retries; a workflow that
-raises, hangs or returns nothing costs its own task only and is counted
-(``explorer/skipped``, ``explorer/retries``, ``explorer/skipped_<reason>``). Rollout-model calls
-from all tasks are batched by the engine. Rewards run in worker threads with their own timeout.
+raises, hangs, returns nothing or returns invalid experiences costs its own task only and is
+counted (``explorer/skipped``, ``explorer/retries``, ``explorer/skipped_<reason>`` with reason
+``error``, ``timeout``, ``reward_timeout``, ``empty`` or ``invalid``), and logged with the task id
+and the cause. Rollout-model calls from all tasks are batched by the engine.
+
+Rewards, and every blocking call a workflow makes through :func:`trine.blocking.run_blocking`, run
+in the explorer's :class:`~trine.blocking.BlockingPool` (daemon threads; a stuck call's thread is
+abandoned and replaced, ``explorer/stuck_threads``). A reward call past ``reward_timeout`` raises
+:class:`RewardTimeout` (``explorer/reward_timeouts``).
+
+When more than ``max_skip_ratio`` of the tasks of the last :data:`SKIP_WINDOW` training batches
+were skipped, :meth:`Explorer.explore_batches` raises :class:`SkipRatioError` naming the reasons;
+a batch that skips more than ``warn_skip_ratio`` is logged. Evaluation is not counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
+import math
 import statistics
 import time
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trine import registry
+from trine.blocking import BlockingPool, CallTimeout, use_pool
 from trine.types import Experience, Task, new_id
 
 log = logging.getLogger("trine.explorer")
+
+SKIP_WINDOW = 10
+"""Training batches over which ``max_skip_ratio`` is measured (all batches so far, early on)."""
+
+
+class RewardTimeout(Exception):
+    """A reward call did not return within ``reward_timeout`` (not a ``TimeoutError``, so it is never
+    taken for the workflow's own timeout)."""
+
+
+class InvalidResult(Exception):
+    """A workflow returned something other than a non-empty list of valid experiences."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class SkipRatioError(RuntimeError):
+    """More than ``explorer.max_skip_ratio`` of the recent tasks were skipped: the run stops."""
+
+
+@dataclass
+class _TaskStats:
+    """What happened to one task, beyond its outcome (filled in while it runs)."""
+
+    reward_timeouts: int = 0
+    detail: str = ""
+    """What went wrong in its last failed attempt."""
+
+
+_STATS: contextvars.ContextVar[_TaskStats | None] = contextvars.ContextVar("trine_task_stats", default=None)
 
 
 class Explorer:
@@ -35,6 +83,9 @@ class Explorer:
         reward_timeout: float = 30.0,
         rollouts_path: str | Path | None = None,
         teacher: Any = None,
+        blocking_threads: int = 32,
+        max_skip_ratio: float = 0.5,
+        warn_skip_ratio: float = 0.1,
     ) -> None:
         self.model = model
         self.timeout = timeout
@@ -45,6 +96,11 @@ class Explorer:
         self.teacher = teacher
         self.loop = asyncio.new_event_loop()
         self._workflows: dict[tuple, Any] = {}
+        self.pool = BlockingPool(blocking_threads, name="trine-blocking")
+        self.max_skip_ratio = max_skip_ratio
+        self.warn_skip_ratio = warn_skip_ratio
+        self._recent: deque[tuple[int, Counter]] = deque(maxlen=SKIP_WINDOW)
+        self._examples: dict[str, str] = {}
 
     # ------------------------------------------------------------------ public
     def explore(
@@ -61,11 +117,13 @@ class Explorer:
         among the batches in ``time/explore_seconds``."""
         start = time.perf_counter()
         flat = [task for tasks in batches for task in tasks]
-        outcomes = self.loop.run_until_complete(self._run_all(flat))
+        stats = [_TaskStats() for _ in flat]
+        outcomes = self.loop.run_until_complete(self._run_all(flat, stats))
         seconds = (time.perf_counter() - start) / max(1, len(batches))
         results, offset = [], 0
         for j, tasks in enumerate(batches):
             index, mine = first_index + j, outcomes[offset : offset + len(tasks)]
+            my_stats = stats[offset : offset + len(tasks)]
             offset += len(tasks)
             experiences: list[Experience] = []
             for task, (exps, _, _) in zip(tasks, mine):
@@ -80,8 +138,43 @@ class Explorer:
                 self._dump(tasks, mine, index, version)
             if self.teacher is not None:
                 self._score_with_teacher(experiences)
-            results.append((experiences, self._metrics(experiences, mine, seconds)))
+            metrics = self._metrics(experiences, mine, seconds)
+            metrics["explorer/reward_timeouts"] = float(sum(s.reward_timeouts for s in my_stats))
+            metrics["explorer/stuck_threads"] = float(self.pool.stuck)
+            results.append((experiences, metrics))
+            self._check_skips(tasks, mine, my_stats, index)
         return results
+
+    def _check_skips(self, tasks: list[Task], outcomes: list, stats: list[_TaskStats], index: int) -> None:
+        """Warn about a batch that skipped many tasks; raise :class:`SkipRatioError` when too many of
+        the last :data:`SKIP_WINDOW` batches' tasks were skipped."""
+        reasons: Counter = Counter()
+        for task, (_, _, reason), s in zip(tasks, outcomes, stats):
+            if reason:
+                reasons[reason] += 1
+                self._examples[reason] = f"task {task.task_id}: {s.detail}"
+        skipped = sum(reasons.values())
+        if tasks and skipped / len(tasks) > self.warn_skip_ratio:
+            log.warning(
+                "batch %d skipped %d of %d tasks (%s), more than explorer.warn_skip_ratio=%s",
+                index,
+                skipped,
+                len(tasks),
+                ", ".join(f"{r}: {n}" for r, n in reasons.most_common()),
+                self.warn_skip_ratio,
+            )
+        self._recent.append((len(tasks), reasons))
+        total = sum(n for n, _ in self._recent)
+        counts: Counter = sum((c for _, c in self._recent), Counter())
+        if total and sum(counts.values()) / total > self.max_skip_ratio:
+            causes = "; ".join(f"{r}: {n} (e.g. {self._examples[r]})" for r, n in counts.most_common())
+            raise SkipRatioError(
+                f"{sum(counts.values())} of {total} tasks of the last {len(self._recent)} batch(es) were "
+                f"skipped, more than explorer.max_skip_ratio={self.max_skip_ratio}. Skip reasons: {causes}. "
+                "Each skip is logged with its task id; fix the workflow or reward, raise explorer.timeout "
+                "or explorer.reward_timeout if tasks time out, or raise explorer.max_skip_ratio "
+                "(1.0 turns this check off)."
+            )
 
     def _score_with_teacher(self, experiences: list[Experience]) -> None:
         """Store the teacher's logprobs of every sampled response in ``info["teacher_logprobs"]``."""
@@ -93,12 +186,22 @@ class Explorer:
             e.info["teacher_logprobs"] = logprobs
 
     def evaluate(
-        self, tasks: list[Task], *, name: str, k: int, greedy: bool, seed: int, success_threshold: float = 1.0
+        self,
+        tasks: list[Task],
+        *,
+        name: str,
+        k: int,
+        greedy: bool,
+        seed: int,
+        success_threshold: float = 1.0,
+        samples: list[dict[str, Any]] | None = None,
     ) -> dict[str, float]:
         """Greedy accuracy and avg@k / pass@k at the tasks' temperature, as ``eval/<name>/*``.
 
         Sampling uses a generator seeded with ``seed`` so evaluation never disturbs the
-        training RNG stream (and is reproducible).
+        training RNG stream (and is reproducible). When ``samples`` is a list, one row per task
+        (``prompt``, ``response``, ``reward``, ``answer``, ``mode``: its greedy rollout, or its first
+        sampled one when ``greedy`` is off) is appended to it, e.g. for a table of eval samples.
         """
         saved = self.model.generator.get_state()
         self.model.generator.manual_seed(seed)
@@ -106,11 +209,11 @@ class Explorer:
         try:
             if greedy:
                 g = [_eval_task(t, 1, 0.0) for t in tasks]
-                correct = self._success(g, success_threshold)
+                correct = self._success(g, success_threshold, samples, "greedy")
                 out[f"eval/{name}/accuracy"] = statistics.fmean(c[0] for c in correct)
             if k > 0:
                 s = [_eval_task(t, k, None) for t in tasks]
-                correct = self._success(s, success_threshold)
+                correct = self._success(s, success_threshold, None if greedy else samples, "sampled")
                 out[f"eval/{name}/avg@{k}"] = statistics.fmean(x for c in correct for x in c)
                 out[f"eval/{name}/pass@{k}"] = statistics.fmean(float(any(c)) for c in correct)
         finally:
@@ -118,49 +221,79 @@ class Explorer:
         return out
 
     def close(self) -> None:
+        """Close the event loop and let the idle blocking workers exit."""
         self.loop.close()
+        self.pool.close()
 
     # ------------------------------------------------------------------ internals
-    def _success(self, tasks: list[Task], threshold: float) -> list[list[float]]:
-        """Per task, 1/0 per rollout: its reward (a multi-step rollout: its episode return) >= threshold."""
+    def _success(
+        self, tasks: list[Task], threshold: float, samples: list | None = None, mode: str = ""
+    ) -> list[list[float]]:
+        """Per task, 1/0 per rollout: its reward (a multi-step rollout: its episode return) >= threshold.
+        With ``samples``, each task's first rollout is appended to it as a row."""
         outcomes = self.loop.run_until_complete(self._run_all(tasks))
+        if samples is not None:
+            for task, outcome in zip(tasks, outcomes):
+                exps, returns = outcome[0], rollout_returns(outcome[0])
+                question = task.question
+                if not isinstance(question, str):  # chat messages
+                    question = "\n".join(f"{m.get('role')}: {m.get('content')}" for m in question)
+                samples.append(
+                    {
+                        "prompt": question,
+                        "response": exps[0].info.get("response", "") if exps else "",
+                        "reward": returns[0] if returns else None,
+                        "answer": str(task.answer),
+                        "mode": mode,
+                    }
+                )
         return [
-            [float(r is not None and r >= threshold) for r in rollout_returns(exps)] or [0.0]
-            for exps, _, _ in outcomes
+            [float(r is not None and r >= threshold) for r in rollout_returns(outcome[0])] or [0.0]
+            for outcome in outcomes
         ]
 
-    async def _run_all(self, tasks: list[Task]) -> list[tuple[list[Experience], int, str | None]]:
+    async def _run_all(
+        self, tasks: list[Task], stats: list[_TaskStats] | None = None
+    ) -> list[tuple[list[Experience], int, str | None]]:
         semaphore = asyncio.Semaphore(self.max_concurrency)
+        stats = stats if stats is not None else [_TaskStats() for _ in tasks]
 
-        async def bounded(task: Task):
+        async def bounded(task: Task, s: _TaskStats):
             async with semaphore:
-                return await self._run_task(task)
+                return await self._run_task(task, s)
 
-        return await asyncio.gather(*(bounded(t) for t in tasks))
+        return await asyncio.gather(*(bounded(t, s) for t, s in zip(tasks, stats)))
 
-    async def _run_task(self, task: Task) -> tuple[list[Experience], int, str | None]:
-        """Returns (experiences, retries used, skip reason or None)."""
-        workflow = self._workflow(task)
+    async def _run_task(
+        self, task: Task, stats: _TaskStats | None = None
+    ) -> tuple[list[Experience], int, str | None]:
+        """Returns (experiences, retries used, skip reason or None); ``stats`` gets the details."""
+        stats = stats if stats is not None else _TaskStats()
+        use_pool(self.pool)  # this asyncio task's context, copied into the tasks it starts
+        _STATS.set(stats)
         reason = None
         for attempt in range(self.max_retries + 1):
             try:
-                exps = await asyncio.wait_for(workflow.run(task, self.model), self.timeout)
-                if not exps:
-                    reason = "empty"
-                    continue
-                for e in exps:
-                    e.check()
-                return list(exps), attempt, None
+                workflow = self._workflow(task)
+                result = await asyncio.wait_for(workflow.run(task, self.model), self.timeout)
+                return checked_experiences(result), attempt, None
             except asyncio.TimeoutError:
-                reason = "timeout"
-                log.warning(
-                    "task %s timed out after %ss (attempt %d)", task.task_id, self.timeout, attempt + 1
-                )
+                reason, detail = "timeout", f"the workflow timed out after explorer.timeout={self.timeout}s"
+            except RewardTimeout as err:
+                reason, detail = "reward_timeout", str(err)
+            except InvalidResult as err:
+                reason, detail = err.reason, str(err)
             except Exception as err:  # a workflow's failure costs its own task only
-                reason = "error"
-                log.warning(
-                    "task %s failed (attempt %d): %s: %s", task.task_id, attempt + 1, type(err).__name__, err
-                )
+                reason, detail = "error", f"{type(err).__name__}: {err}"
+            stats.detail = detail
+            log.warning(
+                "task %s failed (%s, attempt %d of %d): %s",
+                task.task_id,
+                reason,
+                attempt + 1,
+                self.max_retries + 1,
+                detail,
+            )
         return [], self.max_retries, reason
 
     def _workflow(self, task: Task) -> Any:
@@ -181,12 +314,18 @@ class Explorer:
         from trine.rewards import evaluate_reward
 
         fn = registry.resolve("reward", name)
-        timeout = self.reward_timeout
+        timeout, pool = self.reward_timeout, self.pool
 
         async def score(response: str, task: Task) -> tuple[float, dict[str, float]]:
-            return await asyncio.wait_for(
-                asyncio.to_thread(evaluate_reward, fn, response, task, args), timeout
-            )
+            try:
+                return await pool.call(evaluate_reward, fn, response, task, args, timeout=timeout, label=name)
+            except CallTimeout:
+                stats = _STATS.get()
+                if stats is not None:
+                    stats.reward_timeouts += 1
+                raise RewardTimeout(
+                    f"reward {name!r} did not return within explorer.reward_timeout={timeout}s"
+                ) from None
 
         return score
 
@@ -211,8 +350,9 @@ class Explorer:
             else 0.0,
             "time/explore_seconds": seconds,
         }
-        if episodes:
-            m["explorer/episode_return_mean"] = statistics.fmean(rollout_returns(episodes))
+        returns = [r for r in rollout_returns(episodes) if r is not None]
+        if returns:
+            m["explorer/episode_return_mean"] = statistics.fmean(returns)
             m["explorer/episode_length_mean"] = statistics.fmean(e.step + 1 for e in episodes)
         for reason in set(reasons):
             m[f"explorer/skipped_{reason}"] = float(reasons.count(reason))
@@ -245,6 +385,72 @@ class Explorer:
                     ],
                 }
                 f.write(json.dumps(row, default=str) + "\n")
+
+
+def checked_experiences(result: Any) -> list[Experience]:
+    """A workflow's result as a list of valid experiences (rewards as plain floats).
+
+    Raises :class:`InvalidResult` with reason ``"empty"`` for an empty list and ``"invalid"`` for
+    anything else that is wrong — not a list, an item that is not an Experience, inconsistent or
+    mistyped fields (:meth:`Experience.check`: token counts, a str/NaN/inf reward, ...), or
+    ``info["reward_parts"]`` / ``info["episode_return"]`` that are not finite numbers — naming
+    the item and the value.
+    """
+    if isinstance(result, (list, tuple)) and not result:
+        raise InvalidResult("empty", "the workflow returned no experiences")
+    if not isinstance(result, (list, tuple)):
+        hint = " (does run() end with a return?)" if result is None else ""
+        raise InvalidResult(
+            "invalid",
+            f"the workflow returned {_short(result)} of type {type(result).__name__}{hint}; "
+            "expected a list of trine.Experience",
+        )
+    for i, e in enumerate(result):
+        where = f"item {i} of {len(result)} returned by the workflow"
+        if not isinstance(e, Experience):
+            raise InvalidResult(
+                "invalid", f"{where} is {_short(e)} of type {type(e).__name__}; expected a trine.Experience"
+            )
+        try:
+            e.check()
+            if e.token_rewards is not None and len(e.token_rewards) != e.response_length:
+                raise ValueError(
+                    f"token_rewards has {len(e.token_rewards)} entries but the response has "
+                    f"{e.response_length} tokens; pass one reward per response token (or None)"
+                )
+            _check_info(e.info)
+        except ValueError as err:
+            raise InvalidResult("invalid", f"{where}: {err}") from None
+        if e.reward is not None:
+            e.reward = float(e.reward)
+    return list(result)
+
+
+def _check_info(info: dict[str, Any]) -> None:
+    """The ``info`` entries the explorer's metrics read must be numbers."""
+    parts = info.get("reward_parts")
+    if parts is not None:
+        if not isinstance(parts, Mapping):
+            raise ValueError(f"info['reward_parts']={_short(parts)}; expected a dict of part name -> number")
+        for key, value in parts.items():
+            if not _finite(value):
+                raise ValueError(f"info['reward_parts'][{key!r}]={_short(value)}; expected a finite number")
+    if info.get("episode_return") is not None and not _finite(info["episode_return"]):
+        raise ValueError(f"info['episode_return']={_short(info['episode_return'])}; expected a finite number")
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, (bool, str, bytes)):
+        return False
+    try:
+        return math.isfinite(value)
+    except TypeError:
+        return False
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def rollout_returns(exps: list[Experience]) -> list[float | None]:

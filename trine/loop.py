@@ -17,15 +17,24 @@ import threading
 import time
 from typing import Any
 
-from trine import build
+from trine import build, preflight
 from trine.config import RunConfig
 from trine.refill import pass_rates, shape_batch
 from trine.rundir import RunDir
 
+EVAL_TABLE_ROWS = 8
+"""Eval rollouts per taskset sent to the monitor as a table (``eval/<taskset>/samples``) at each eval."""
+
 
 def run(stages: list[RunConfig]) -> dict[str, Any]:
     """Run every stage in order (resuming where the run directory left off); returns the summary."""
+    preflight.check(stages)  # data and model files, before anything is written
     rd = RunDir.open(stages)
+    if rd.done:
+        print(f"already finished: nothing to do ({rd.path} is complete at step {rd.step})", flush=True)
+        return rd.summary
+    if rd.checkpoint is not None:
+        print(f"resuming from step {rd.step} (checkpoint {rd.checkpoint})", flush=True)
     try:
         for index, cfg in enumerate(stages):
             if index < rd.resume_at():
@@ -36,6 +45,9 @@ def run(stages: list[RunConfig]) -> dict[str, Any]:
             limit = cfg.stop_after_steps
             if stage.step < stage.total_steps or (limit and rd.step >= limit and index < len(stages) - 1):
                 return rd.finish("stopped")  # run again to continue
+    except KeyboardInterrupt:
+        rd.interrupted()
+        raise
     except BaseException as err:
         rd.fail(err)
         raise
@@ -47,7 +59,7 @@ def _run_stage(st: build.Stage, index: int, rd: RunDir) -> None:
     cfg = st.cfg
     record = rd.summary["stages"].setdefault(cfg.stage, {"seconds": 0.0})
     if st.step == 0 and cfg.eval.at_start and st.eval_sets:
-        record["eval_start"] = _evaluate(st, rd.step)
+        record["eval_start"] = _evaluate(st, rd.step, rd.monitor)
         rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
     if cfg.mode == "train":
         steps = _train_steps(st, rd.tokenizer)
@@ -59,12 +71,13 @@ def _run_stage(st: build.Stage, index: int, rd: RunDir) -> None:
         last = st.step >= st.total_steps
         stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
         if st.eval_sets and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
-            record["eval_end"] = _evaluate(st, rd.step)
+            record["eval_end"] = _evaluate(st, rd.step, rd.monitor)
             metrics.update(record["eval_end"])
         now = time.perf_counter()
         metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
         record["seconds"] += now - tick
         rd.monitor.log(metrics, rd.step)
+        rd.beat()
         if last or stop or (cfg.trainer.save_every and st.step % cfg.trainer.save_every == 0):
             rd.save(st, index, done=last)
         if stop and not last:
@@ -185,11 +198,15 @@ def _train_on(st: build.Stage) -> dict[str, float]:
     return metrics
 
 
-def _evaluate(st: build.Stage, step: int) -> dict[str, float]:
-    """``eval/<taskset>/*`` for every eval taskset, with the trainer's current weights."""
+def _evaluate(st: build.Stage, step: int, monitor: Any) -> dict[str, float]:
+    """``eval/<taskset>/*`` for every eval taskset, with the trainer's current weights; a few of the
+    rollouts (prompt, response, reward) go to the monitor as the table ``eval/<taskset>/samples``."""
     args = st.cfg.eval.model_dump(include={"k", "greedy", "success_threshold"})
     seed = st.cfg.seed + step
     out: dict[str, float] = {}
     for ts in st.eval_sets:
-        out.update(st.eval_explorer.evaluate(list(ts), name=ts.name, seed=seed, **args))
+        rows: list[dict[str, Any]] = []
+        out.update(st.eval_explorer.evaluate(list(ts), name=ts.name, seed=seed, samples=rows, **args))
+        if rows:
+            monitor.log_table(f"eval/{ts.name}/samples", rows[:EVAL_TABLE_ROWS], step)
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,16 +73,22 @@ def resolve(kind: str, name: str) -> Any:
         try:
             return import_object(name)
         except (ImportError, AttributeError, ValueError) as err:
-            raise ValueError(f"{kind} {name!r} could not be imported: {err}") from err
+            raise ValueError(
+                f"{kind} {name!r} could not be imported: {err}. The module must be importable from "
+                "where trine runs (installed, or its directory on PYTHONPATH); or register the "
+                f"{kind} with @trine.register({kind!r}, 'name') in a file passed with --plugin path.py."
+            ) from err
     raise ValueError(unknown_message(kind, name, table))
 
 
 def unknown_message(kind: str, name: str, table: dict[str, Any]) -> str:
+    """The error for a name that is neither a built-in nor an import path: valid names and the fixes."""
     close = difflib.get_close_matches(name, list(table), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return (
-        f"unknown {kind} {name!r}.{hint} Valid names: {', '.join(sorted(table))}; "
-        f"or give an import path 'package.module:attr'."
+        f"unknown {kind} {name!r}.{hint} Valid names: {', '.join(sorted(table))}; or give an import "
+        "path 'package.module:attr' that is importable (installed, or on PYTHONPATH), or register it "
+        f"with @trine.register({kind!r}, {name!r}) in a file passed with --plugin path.py."
     )
 
 
@@ -92,6 +99,42 @@ def check(kind: str, name: str) -> str | None:
     except ValueError as err:
         return str(err)
     return None
+
+
+def check_arguments(
+    kind: str, name: str, args: dict[str, Any], what: str, *given: Any, **given_kw: Any
+) -> str | None:
+    """None if the ``kind`` called ``name`` accepts ``args`` as keyword arguments, else the problem.
+
+    ``given``/``given_kw`` are what the caller passes besides ``args`` (a reward gets
+    ``(response, task)``, a workflow ``reward=``), ``what`` names the setting in the message
+    (``"reward_args"``). Unknown names are left to :func:`check`; a callable with ``**kwargs`` accepts
+    any name, and one without a readable signature is not checked.
+    """
+    if check(kind, name) is not None:
+        return None
+    fn = resolve(kind, name)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = signature.parameters
+    open_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    passed = list(params)[: len(given)] + list(given_kw)
+    settable = [n for n, p in params.items() if n not in passed and p.kind in _KEYWORD_KINDS]
+    for key in args:
+        if key in passed:
+            return f"{what}[{key!r}] is passed to {kind} {name!r} by trine itself; remove it"
+        if key not in settable and not open_kw:
+            return f"{what}[{key!r}] is not an argument of {kind} {name!r}; valid: {settable}"
+    try:
+        signature.bind(*given, **given_kw, **args)
+    except TypeError as err:
+        return f"{what} {args!r} do not fit {kind} {name!r}{signature}: {err}; valid: {settable}"
+    return None
+
+
+_KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
 def load_plugin(path: str | Path) -> None:

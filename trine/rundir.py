@@ -2,13 +2,19 @@
 
 ``RunDir.open(stages)`` prepares ``runs/<name>/`` (or continues it), loads the policy (from the
 last checkpoint when resuming) and the monitor; ``save``/``restore`` checkpoint and restore a
-stage; ``finish``/``fail`` record how the run ended in ``status.json`` so that a directory whose
-run failed says so.
+stage; ``finish``/``interrupted``/``fail`` record how the run ended in ``status.json`` (see
+:mod:`trine.status`: pid, host and a heartbeat while it runs) so that a directory whose run failed
+or died says so.
+
+Resuming rewinds the records to the checkpoint: the lines of ``metrics.jsonl`` and
+``rollouts.jsonl`` written after it (by the timeline that crashed or was killed) are moved to
+``metrics.jsonl.rewound`` / ``rollouts.jsonl.rewound``, so that any reader (pandas, jq) sees each
+step once; TensorBoard hides them (``purge_step``); see the W&B and MLflow sinks for theirs.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,15 +24,21 @@ import yaml
 
 from trine import build
 from trine.config import RunConfig
+from trine.status import Heartbeat, read_status, write_status
+
+log = logging.getLogger("trine.rundir")
+
+RECORDS = ("metrics.jsonl", "rollouts.jsonl")
+"""Append-only records in the run directory, cut back to the checkpoint on resume."""
 
 
 @dataclass
 class RunDir:
     path: Path
     stages: list[RunConfig]
-    model: Any
-    tokenizer: Any
-    monitor: Any
+    model: Any = None
+    tokenizer: Any = None
+    monitor: Any = None
     step: int = 0
     """Global step: steps done over all stages."""
     summary: dict[str, Any] = field(default_factory=dict)
@@ -34,9 +46,12 @@ class RunDir:
     """The checkpoint being resumed from (None for a fresh run)."""
     state: dict[str, Any] = field(default_factory=dict)
     trainer_state: dict[str, Any] = field(default_factory=dict)
+    heartbeat: Heartbeat | None = None
 
     @classmethod
     def open(cls, stages: list[RunConfig]) -> RunDir:
+        """Continue (or start) the run directory of ``stages``; when its last checkpoint says every
+        stage is done, nothing is loaded or written (check :attr:`done`)."""
         from trine.monitor import build_monitor
         from trine.trainer.checkpoint import list_checkpoints, load_states
 
@@ -46,30 +61,38 @@ class RunDir:
         found = list_checkpoints(path / "checkpoints") if first.resume else []
         checkpoint = found[-1] if found else None
         trainer_state, state = load_states(checkpoint) if checkpoint else ({}, {})
-        path.mkdir(parents=True, exist_ok=True)
-        dumped = [s.model_dump(mode="json", exclude={"stages"}) for s in stages]
-        (path / "config.yaml").write_text(
-            yaml.safe_dump(dumped[0] if len(dumped) == 1 else {"stages": dumped}, sort_keys=False)
-        )
-        _status(path, "running", step=state.get("global_step", 0))
-        model, tokenizer = build.load_policy(first, path=str(checkpoint) if checkpoint else None)
-        totals = [s.tasks.total_steps for s in stages]
-        monitor = build_monitor(
-            first.monitor.sinks, path, total_steps=None if None in totals else sum(totals)
-        )
+        step = state.get("global_step", 0)
         summary = state.get("summary", {"run_dir": str(path), "stages": {}})
-        return cls(
-            path,
-            stages,
-            model,
-            tokenizer,
-            monitor,
-            state.get("global_step", 0),
-            summary,
-            checkpoint,
-            state,
-            trainer_state,
-        )
+        rd = cls(path, stages, step=step, summary=summary, checkpoint=checkpoint, state=state)
+        if rd.done:  # killed after its last checkpoint, before it said so: say so now
+            if (path / "status.json").is_file() and read_status(path).get("state") != "finished":
+                write_status(path, "finished", step=step, reason="the last checkpoint completed every stage")
+            return rd
+        rd.trainer_state = trainer_state
+        path.mkdir(parents=True, exist_ok=True)
+        config = _resolved_config(stages, path)
+        (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        rewind_records(path, state)
+        rd.heartbeat = Heartbeat(path, step)
+        try:
+            rd.model, rd.tokenizer = build.load_policy(first, path=str(checkpoint) if checkpoint else None)
+            totals = [s.tasks.total_steps for s in stages]
+            rd.monitor = build_monitor(
+                first.monitor.sinks,
+                path,
+                total_steps=None if None in totals else sum(totals),
+                config=config,
+                resume_step=step,
+            )
+        except BaseException as err:
+            rd.fail(err)
+            raise
+        return rd
+
+    @property
+    def done(self) -> bool:
+        """True when the checkpoint resumed from finished the last stage: nothing left to run."""
+        return bool(self.state) and self.resume_at() >= len(self.stages)
 
     def resume_at(self) -> int:
         """Index of the first stage that still has work."""
@@ -83,18 +106,25 @@ class RunDir:
             build.restore_stage(stage, self.state, self.trainer_state, self.checkpoint)
             set_rng_state(self.state["rng"])
 
+    def beat(self) -> None:
+        """Record in ``status.json`` that the run is alive at the current step."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat(self.step)
+
     def save(self, stage: build.Stage, index: int, done: bool) -> None:
-        """Checkpoint the stage (weights, trainer, task cursor, buffer, explorer RNG) atomically."""
+        """Checkpoint the stage (weights, trainer, task cursor, buffer, explorer RNG, the sizes of the
+        records) atomically."""
         from trine.trainer.checkpoint import save_checkpoint
 
         trainer = stage.trainer
-        with stage.gate:
+        with stage.gate:  # the explorer appends rollouts under the gate: the sizes match the state
             state = {
                 **build.stage_state(stage),
                 "stage_index": index,
                 "global_step": self.step,
                 "stage_done": done,
                 "summary": self.summary,
+                "records": {n: (self.path / n).stat().st_size for n in RECORDS if (self.path / n).is_file()},
             }
             save_checkpoint(
                 self.path / "checkpoints",
@@ -110,24 +140,82 @@ class RunDir:
     def finish(self, how: str) -> dict[str, Any]:
         """Close the monitor, record ``how`` the run ended, draw the plots; returns the summary."""
         self.monitor.close()
-        _status(self.path, how, step=self.step)
+        details = {"reason": "stop_after_steps reached; run again to continue"} if how == "stopped" else {}
+        self._end(how, **details)
         if how == "finished" and self.stages[0].monitor.plot:
             from trine.monitor.plot import plot_run
 
             self.summary["plots"] = [str(p) for p in plot_run(self.path)]
         return self.summary
 
+    def interrupted(self) -> None:
+        """Ctrl-C: close the monitor and record ``stopped`` (run again to continue from the last checkpoint)."""
+        self._close_monitor()
+        self._end("stopped", reason="interrupted (KeyboardInterrupt); run again to resume")
+
     def fail(self, err: BaseException) -> None:
-        self.monitor.close()
-        _status(
-            self.path,
-            "failed",
-            step=self.step,
-            error=f"{type(err).__name__}: {err}",
-            traceback=traceback.format_exc(),
+        """Close the monitor and record ``failed`` with the error and its traceback."""
+        self._close_monitor()
+        self._end("failed", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+
+    def _close_monitor(self) -> None:
+        try:
+            if self.monitor is not None:
+                self.monitor.close()
+        except Exception as err:  # enrich: the run's own error is the one to report
+            log.warning("closing the monitor failed: %s: %s", type(err).__name__, err)
+
+    def _end(self, state: str, **details: Any) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.step = self.step
+            self.heartbeat.end(state, **details)
+
+
+def _resolved_config(stages: list[RunConfig], path: Path) -> dict[str, Any]:
+    """The config as run, with ``run_dir`` set to the directory actually used."""
+    dumped = [{**s.model_dump(mode="json", exclude={"stages"}), "run_dir": str(path)} for s in stages]
+    return dumped[0] if len(dumped) == 1 else {"stages": dumped}
+
+
+def rewind_records(path: Path, state: dict[str, Any]) -> None:
+    """Cut ``metrics.jsonl`` and ``rollouts.jsonl`` back to what they held at the checkpoint ``state``
+    (everything, for a fresh start), moving the cut lines to ``<name>.rewound`` for forensics.
+
+    The checkpoint records each file's size; a checkpoint written before it did is handled for
+    ``metrics.jsonl`` by step (lines after its ``global_step`` are cut).
+    """
+    sizes = state.get("records") if state else {}
+    for name in RECORDS:
+        file = path / name
+        if not file.is_file():
+            continue
+        keep = sizes.get(name, 0) if sizes is not None else None
+        data = file.read_bytes()
+        if keep is None:  # older checkpoint: no sizes
+            if name != "metrics.jsonl":
+                continue
+            keep = _bytes_through_step(data, state.get("global_step", 0))
+        if keep >= len(data):
+            continue
+        with (path / f"{name}.rewound").open("ab") as out:
+            out.write(data[keep:] if data.endswith(b"\n") else data[keep:] + b"\n")
+        with file.open("rb+") as handle:
+            handle.truncate(keep)
+        log.info(
+            "%s: moved %d bytes written after the checkpoint to %s.rewound", file, len(data) - keep, name
         )
 
 
-def _status(path: Path, state: str, **details: Any) -> None:
-    """``status.json``: running / stopped / failed (with the error) / finished."""
-    (path / "status.json").write_text(json.dumps({"state": state, **details}, indent=2, default=str))
+def _bytes_through_step(data: bytes, step: int) -> int:
+    """Length of the leading lines of a metrics file whose ``step`` is at most ``step``."""
+    import json
+
+    end = 0
+    for line in data.splitlines(keepends=True):
+        try:
+            if json.loads(line).get("step", 0) > step:
+                break
+        except ValueError:
+            break
+        end += len(line)
+    return end

@@ -8,6 +8,8 @@ importing another stage.
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 import os
 import uuid
 from dataclasses import asdict, dataclass, field, fields
@@ -155,7 +157,8 @@ class Experience:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def check(self) -> None:
-        """Raise ValueError if the fields are inconsistent."""
+        """Raise ValueError if a field has the wrong type or the fields are inconsistent."""
+        self._check_types()
         n = self.response_length
         if self.prompt_length < 0 or n < 0:
             raise ValueError(
@@ -174,3 +177,46 @@ class Experience:
             )
         if self.kind not in EXPERIENCE_KINDS:
             raise ValueError(f"Experience {self.id}: kind={self.kind!r}; expected one of {EXPERIENCE_KINDS}.")
+
+    def _check_types(self) -> None:
+        if not isinstance(self.tokens, list) or not all(type(t) is int for t in self.tokens):
+            bad = (
+                self.tokens
+                if not isinstance(self.tokens, list)
+                else next(t for t in self.tokens if type(t) is not int)
+            )
+            raise ValueError(
+                f"Experience {self.id}: tokens must be a list of Python ints, found {_short(bad)} of type "
+                f"{type(bad).__name__}; convert token ids with list(...) / .tolist()."
+            )
+        for name in ("action_mask", "logprobs", "token_rewards"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, list):
+                raise ValueError(
+                    f"Experience {self.id}: {name} is {_short(value)} of type {type(value).__name__}; "
+                    "expected a list with one entry per response token."
+                )
+        reward = self.reward
+        if reward is not None and (
+            isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward)
+        ):
+            raise ValueError(
+                f"Experience {self.id}: reward={_short(reward)} of type {type(reward).__name__}; expected "
+                "None (pending) or a finite number. Return float(...) and guard against NaN/inf."
+            )
+        if type(self.prompt_length) is not int or type(self.step) is not int:
+            raise ValueError(
+                f"Experience {self.id}: prompt_length={self.prompt_length!r} and step={self.step!r} must "
+                "be Python ints."
+            )
+        if not isinstance(self.info, dict):
+            raise ValueError(
+                f"Experience {self.id}: info is {_short(self.info)} of type {type(self.info).__name__}; "
+                "expected a dict."
+            )
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

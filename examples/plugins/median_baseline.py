@@ -1,5 +1,5 @@
 """A new algorithm from a user file: run it with
-``trine run CONFIG --plugin examples/plugins/median_baseline.py algorithm.name=median_pg``."""
+``trine run CONFIG --plugin examples/plugins/median_baseline.py stages.1.algorithm.name=median_pg``."""
 
 import torch
 

@@ -159,6 +159,21 @@ def test_kl_estimators_hand_computed():
         kl_penalty(logprobs, ref, "k4")
 
 
+def test_k3_beyond_log_ratio_10_has_exact_value_and_gradient():
+    # x = ref - logp = -10.5: k3 = e^-10.5 + 10.5 - 1 = 9.5000275, dk3/dlogp = 1 - e^-10.5 = 0.9999725.
+    # Clamping the *input* at ±10 gave e^-10 + 9 = 9.0000454 with gradient 0.
+    # x = +3: e^3 - 4 = 16.09 > 10, so the value is clamped to 10 and the gradient is 0.
+    # x = -30: beyond the ±20 input clamp; e^-20 + 19 > 10, value clamped to 10, gradient 0.
+    # x = +100: e^100 overflows float32 without the input clamp; value 10, gradient 0 (not NaN).
+    logprobs = torch.tensor([0.0, -3.0, 0.0, -100.0], requires_grad=True)
+    ref = torch.tensor([-10.5, 0.0, -30.0, 0.0])
+    for estimator in ("k3", "low_var_kl"):
+        kl = kl_penalty(logprobs, ref, estimator)
+        (grad,) = torch.autograd.grad(kl.sum(), logprobs)
+        assert kl.tolist() == pytest.approx([9.5000275, 10.0, 10.0, 10.0], abs=1e-5)
+        assert grad.tolist() == pytest.approx([0.9999725, 0.0, 0.0, 0.0], abs=1e-6)
+
+
 def test_entropy_matches_torch_distributions_with_chunking():
     logits = torch.randn(2, 7, 33, generator=torch.Generator().manual_seed(0)) * 3
     expected = torch.distributions.Categorical(logits=logits).entropy()

@@ -126,3 +126,18 @@ def test_tasks_process_runs_the_task_pipeline(tmp_path):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["answer"] for r in rows] == ["2", "\\frac{1}{2}"]
+
+
+def test_memory_buffer_runs_say_what_they_cannot_show(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "memory"}}))
+    for command in (["stats"], ["head"], ["export", str(tmp_path / "out.jsonl")]):
+        result = runner.invoke(app, ["buffer", *command[:1], str(tmp_path), *command[1:]])
+        assert result.exit_code == 0, result.output
+        assert "kept its buffer in memory" in result.stderr, command
+        assert "only the 0 not yet trained (it has no checkpoint yet)" in result.stderr
+        assert "buffer.storage: sql" in result.stderr
+
+
+def test_persistent_buffer_runs_print_no_memory_note(run_dir):
+    result = runner.invoke(app, ["buffer", "stats", str(run_dir)])
+    assert result.exit_code == 0 and "in memory" not in result.output

@@ -185,12 +185,12 @@ def test_cli_validate_exits_2_and_prints_every_error(project):
     assert "did you mean 'lr'?" in result.stderr
 
 
-def test_cli_validate_ok(project):
+def test_cli_validate_ok(project, tiny_model_dir):
     from typer.testing import CliRunner
 
     from trine.cli import app
 
-    path = _write(project / "ok.yaml", _good(project))
+    path = _write(project / "ok.yaml", {**_good(project), "model": {"path": str(tiny_model_dir)}})
     result = CliRunner().invoke(app, ["validate", str(path), "trainer.lr=0.5"])
     assert result.exit_code == 0, result.output
     assert "OK (1 stage(s): main)" in result.output
@@ -216,3 +216,165 @@ def test_bad_override_paths_are_config_errors():
         apply_overrides(data, ["trainer.lr.x=1"])
     with pytest.raises(ConfigError, match="not of the form key.sub=value"):
         apply_overrides(data, ["trainer.lr"])
+
+
+# -- stages and command-line overrides ---------------------------------------------------------------
+
+
+def _two_stages(project: Path) -> dict:
+    data = _good(project)
+    data["stages"] = [
+        {"stage": "sft", "mode": "train", "algorithm": {"name": "sft"}, "trainer": {"lr": 0.003}},
+        {"stage": "rl", "algorithm": {"name": "grpo"}, "trainer": {"lr": 0.001}},
+    ]
+    return data
+
+
+def test_an_override_that_a_stage_shadows_is_an_error_naming_each_stage(project):
+    path = _write(project / "stages.yaml", _two_stages(project))
+    with pytest.raises(ConfigError) as info:  # the README's own example used to change nothing
+        load_config(path, ["trainer.lr=3e-4", "algorithm.name=nonsense_algo", "trainer.grad_clip=0.5"])
+    lr, algo, unknown = info.value.errors
+    assert "stages.0.trainer.lr, stages.1.trainer.lr" in lr
+    assert "stages.0.trainer.lr=3e-4 stages.1.trainer.lr=3e-4" in lr
+    assert "stages.0.algorithm.name" in algo
+    assert unknown.startswith("algorithm.name: unknown algorithm 'nonsense_algo'")
+    sft, rl = load_config(path, ["stages.1.trainer.lr=3e-4", "trainer.grad_clip=0.5"])
+    assert (sft.trainer.lr, rl.trainer.lr, sft.trainer.grad_clip, rl.trainer.grad_clip) == (
+        0.003,
+        3e-4,
+        0.5,
+        0.5,
+    )
+    # a stage that already has the overridden value hides nothing; only the others are named
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["trainer.lr=0.003"])
+    assert "would not reach every stage: stages.1.trainer.lr set(s)" in info.value.errors[0]
+    data = _two_stages(project)
+    data["stages"][0]["trainer"]["grad_clip"] = 0.5
+    sft, rl = load_config(_write(project / "same.yaml", data), ["trainer.grad_clip=0.5"])
+    assert (sft.trainer.grad_clip, rl.trainer.grad_clip) == (0.5, 0.5)
+
+
+def test_a_top_level_value_every_stage_replaces_is_still_validated(project):
+    data = _two_stages(project)
+    data["algorithm"] = {"name": "grpoo"}
+    data["trainer"] = {"lr": -1}
+    _, errors = validate_dict(data, base_dir=project)
+    assert "Did you mean 'grpo'?" in _error_for(errors, "algorithm.name")
+    assert "-1 is out of range; expected a number > 0" in _error_for(errors, "trainer.lr")
+    assert len(errors) == 2, errors  # once each, though both stages replace them
+
+
+# -- ranges and strict types -------------------------------------------------------------------------
+
+
+def test_every_numeric_mistake_names_its_key_value_and_range(project):
+    data = _good(project)
+    data["tasks"].update(batch_size=-4)
+    data["tasks"]["train"].update(repeat=0, sampling={"max_tokens": -1, "temperature": -2, "top_p": 1.5})
+    data["explorer"] = {"timeout": -5}
+    data["trainer"].update(lr=-1, micro_batch_tokens=0, keep_checkpoints=-1)
+    data["eval"] = {"k": -1}
+    data["buffer"] = {"get_timeout": 0}
+    _, errors = validate_dict(data, base_dir=project)
+    expected = {
+        "tasks.batch_size": "-4 is out of range; expected an integer >= 1",
+        "tasks.train.repeat": "0 is out of range; expected an integer >= 1",
+        "tasks.train.sampling.max_tokens": "-1 is out of range; expected an integer >= 1",
+        "tasks.train.sampling.temperature": "-2 is out of range; expected a number >= 0",
+        "tasks.train.sampling.top_p": "1.5 is out of range; expected a number > 0 and <= 1",
+        "explorer.timeout": "-5 is out of range; expected a number > 0",
+        "trainer.lr": "-1 is out of range; expected a number > 0",
+        "trainer.micro_batch_tokens": "0 is out of range; expected an integer >= 1",
+        "trainer.keep_checkpoints": "-1 is out of range; expected an integer >= 0",
+        "eval.k": "-1 is out of range; expected an integer >= 0",
+        "buffer.get_timeout": "0 is out of range; expected a number > 0",
+    }
+    assert len(errors) == len(expected), errors
+    for key, message in expected.items():
+        assert _error_for(errors, key) == f"{key}: {message}"
+
+
+def test_strings_are_not_coerced_but_yaml_numbers_and_lists_are_read_as_meant(project):
+    data = _good(project)
+    data["tasks"]["shuffle"] = "yes"
+    data["tasks"]["batch_size"] = "4"
+    data["trainer"]["lr"] = float("nan")
+    _, errors = validate_dict(data, base_dir=project)
+    assert "got the string 'yes'; expected true or false" in _error_for(errors, "tasks.shuffle")
+    assert "got the string '4'; expected an integer" in _error_for(errors, "tasks.batch_size")
+    assert "nan is out of range" in _error_for(errors, "trainer.lr")
+    assert len(errors) == 3
+    path = _write(project / "ok.yaml", _good(project))
+    (stage,) = load_config(path, ["trainer.lr=3e-4", "trainer.betas=[0.9, 0.95]", "explorer.timeout=5"])
+    assert stage.trainer.lr == 3e-4 and stage.trainer.betas == (0.9, 0.95) and stage.explorer.timeout == 5.0
+
+
+# -- conflicting settings ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("section", "settings", "message"),
+    [
+        ("tasks", {"epochs": 3}, "tasks.total_steps=3 and tasks.epochs=3 are both set"),
+        ("tasks", {"difficulty_key": "level"}, "only apply to selector: easy_to_hard"),
+        ("tasks", {"selector": "easy_to_hard"}, "easy_to_hard needs tasks.difficulty_key"),
+        ("buffer", {"reuse_limit": 3}, "only apply to sampler: priority"),
+        ("buffer", {"pending_action": "default"}, "only apply once buffer.pending_timeout is set"),
+        ("buffer", {"url": "sqlite:///x.db"}, "buffer.url only applies to storage: sql"),
+        ("trainer", {"min_lr_ratio": 0.1}, "only applies to lr_schedule: cosine"),
+    ],
+)
+def test_settings_that_would_be_ignored_are_errors(project, section, settings, message):
+    data = _good(project)
+    data.setdefault(section, {}).update(settings)
+    _, errors = validate_dict(data, base_dir=project)
+    assert len(errors) == 1 and message in errors[0], errors
+
+
+# -- workflow and reward arguments -------------------------------------------------------------------
+
+
+def test_reward_and_workflow_args_are_checked_against_the_signatures(project):
+    data = _good(project)
+    data["tasks"]["train"].update(reward_args={"bogus": 1}, workflow_args={"greedy": True})
+    data["tasks"]["eval"] = [
+        {"path": "data.jsonl", "name": "e", "reward": "numeric_match", "reward_args": {"tol": 0.1}}
+    ]
+    _, errors = validate_dict(data, base_dir=project)
+    (error,) = errors
+    assert error.startswith("tasks: ")
+    assert "train.reward_args['bogus'] is not an argument of reward 'exact_match'" in error
+    assert "'case_sensitive'" in error
+    assert "train.workflow_args['greedy'] is not an argument of workflow 'single_turn'" in error
+    assert "'greedy_baseline'" in error
+
+
+def test_workflow_args_pass_through_kwargs_and_are_not_checked_in_train_mode(project):
+    data = _good(project)
+    data["tasks"]["train"].update(workflow="grid_world", workflow_args={"env_args": {"view": "local"}})
+    assert validate_dict(data, base_dir=project)[1] == []  # grid_world takes **kwargs
+    data["tasks"]["train"].update(workflow="single_turn")
+    assert "env_args" in validate_dict(data, base_dir=project)[1][0]
+    data.update(mode="train", algorithm={"name": "sft"})  # no workflow runs on tasks.train
+    assert validate_dict(data, base_dir=project)[1] == []
+
+
+def test_an_algorithm_s_rollout_args_must_fit_the_workflow(project):
+    data = _good(project)
+    data["algorithm"] = {"name": "remax"}
+    data["tasks"]["train"]["workflow"] = "step_wise"
+    (error,) = validate_dict(data, base_dir=project)[1]
+    assert "'greedy_baseline'" in error and "algorithm 'remax'" in error and "step_wise" in error
+
+
+def test_unknown_plugin_names_point_to_plugin_files_and_import_paths(project):
+    data = _good(project)
+    data["tasks"]["train"]["reward"] = "my_reward"
+    data["tasks"]["eval"] = [{"path": "data.jsonl", "name": "e", "reward": "no_such_module_xyz:score"}]
+    _, errors = validate_dict(data, base_dir=project)
+    unknown = _error_for(errors, "tasks.train.reward")
+    assert "--plugin" in unknown and "PYTHONPATH" in unknown and "'package.module:attr'" in unknown
+    failed = _error_for(errors, "tasks.eval.0.reward")
+    assert "could not be imported" in failed and "PYTHONPATH" in failed and "--plugin" in failed

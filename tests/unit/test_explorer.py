@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import threading
 import time
 
+import numpy
 import pytest
 import torch
 
 from trine import registry
-from trine.explorer import Explorer
+from trine.explorer import Explorer, SkipRatioError
 from trine.models import load_model, load_tokenizer
 from trine.models.engine import HFEngine
 from trine.types import Experience, SamplingParams, Task
@@ -80,7 +83,7 @@ def task(
         question=question,
         answer=answer,
         workflow=workflow,
-        reward="exact_match",
+        reward=kwargs.pop("reward", "exact_match"),
         repeat=repeat,
         sampling=sampling,
         **kwargs,
@@ -88,7 +91,9 @@ def task(
 
 
 def test_bad_workflows_are_skipped_and_counted_while_good_tasks_come_back(engine, tmp_path):
-    explorer = Explorer(engine, timeout=0.5, max_retries=1, rollouts_path=tmp_path / "rollouts.jsonl")
+    explorer = Explorer(
+        engine, timeout=0.5, max_retries=1, rollouts_path=tmp_path / "rollouts.jsonl", max_skip_ratio=1.0
+    )
     RaisingWorkflow.attempts = 0
     tasks = [
         task("good-1", repeat=3),
@@ -192,3 +197,184 @@ def test_evaluate_reports_accuracy_avg_and_pass_at_k_without_touching_the_genera
     assert explorer.evaluate(tasks, name="toy", k=4, greedy=True, seed=3) == result  # reproducible
     assert set(explorer.evaluate(tasks, name="toy", k=0, greedy=True, seed=3)) == {"eval/toy/accuracy"}
     explorer.close()
+
+
+# ------------------------------------------------------------------ garbage, hangs and skip ratios
+
+
+class GarbageWorkflow:
+    """Samples one real completion, then returns what ``task.raw["kind"]`` names."""
+
+    def __init__(self, reward) -> None:
+        self.reward = reward
+
+    async def run(self, task: Task, model):
+        (c,) = await model.chat(task.messages(), task.sampling.replace(n=1))
+        n = len(c.response_ids)
+
+        def exp(**changes) -> Experience:
+            fields = dict(
+                tokens=c.prompt_ids + c.response_ids,
+                prompt_length=len(c.prompt_ids),
+                action_mask=[1] * n,
+                logprobs=list(c.logprobs),
+                reward=1.0,
+            )
+            return Experience(**{**fields, **changes})
+
+        kind = task.raw["kind"]
+        return {
+            "good": lambda: [
+                exp(reward=numpy.float32(0.5), info={"reward_parts": {"a": numpy.float64(0.5)}})
+            ],
+            "none": lambda: None,
+            "not_a_list": lambda: "done",
+            "not_experiences": lambda: [{"tokens": [1, 2]}],
+            "str_reward": lambda: [exp(reward="1.0")],
+            "nan_reward": lambda: [exp(reward=float("nan"))],
+            "inf_reward": lambda: [exp(), exp(reward=float("-inf"))],
+            "short_mask": lambda: [exp(action_mask=[1] * (n + 1))],
+            "short_logprobs": lambda: [exp(logprobs=[0.0])] if n != 1 else [exp(logprobs=[])],
+            "str_tokens": lambda: [exp(tokens=[str(t) for t in c.prompt_ids + c.response_ids])],
+            "long_token_rewards": lambda: [exp(token_rewards=[0.0] * (n + 1))],
+            "str_part": lambda: [exp(info={"reward_parts": {"a": "high"}})],
+            "nan_return": lambda: [exp(info={"last_step": True, "episode_return": float("nan")})],
+        }[kind]()
+
+
+KINDS = [
+    "good",
+    "none",
+    "not_a_list",
+    "not_experiences",
+    "str_reward",
+    "nan_reward",
+    "inf_reward",
+    "short_mask",
+    "short_logprobs",
+    "str_tokens",
+    "long_token_rewards",
+    "str_part",
+    "nan_return",
+]
+
+
+def test_garbage_results_are_skipped_as_invalid_with_the_cause_and_metrics_stay_finite(engine, caplog):
+    explorer = Explorer(engine, timeout=10.0, max_retries=0, max_skip_ratio=1.0)
+    tasks = [
+        task(f"g-{kind}", workflow=f"{__name__}:GarbageWorkflow", repeat=1, raw={"kind": kind})
+        for kind in KINDS
+    ]
+    with caplog.at_level("WARNING", logger="trine.explorer"):
+        experiences, metrics = explorer.explore(tasks, batch_index=0, version=0)
+    explorer.close()
+    assert [e.task_id for e in experiences] == ["g-good"]
+    assert type(experiences[0].reward) is float and experiences[0].reward == 0.5  # numpy -> float
+    assert metrics["explorer/skipped"] == len(KINDS) - 1 == metrics["explorer/skipped_invalid"]
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert metrics["explorer/reward_mean"] == 0.5
+    log = caplog.text
+    for task_id, needle in [
+        ("g-none", "returned None"),
+        ("g-not_a_list", "'done' of type str"),
+        ("g-not_experiences", "of type dict; expected a trine.Experience"),
+        ("g-str_reward", "reward='1.0' of type str"),
+        ("g-nan_reward", "reward=nan"),
+        ("g-inf_reward", "item 1 of 2"),
+        ("g-short_mask", "action_mask has"),
+        ("g-short_logprobs", "logprobs has"),
+        ("g-str_tokens", "tokens must be a list of Python ints"),
+        ("g-long_token_rewards", "token_rewards has"),
+        ("g-str_part", "info['reward_parts']['a']='high'"),
+        ("g-nan_return", "info['episode_return']=nan"),
+    ]:
+        assert f"task {task_id} failed (invalid" in log and needle in log, (task_id, needle)
+
+
+_REWARD_CALLS = {"n": 0}
+_RELEASE = threading.Event()
+
+
+def hang_first_six(response: str, task: Task) -> float:
+    """Blocks (until the test ends) on its first 6 calls, then returns 1.0."""
+    _REWARD_CALLS["n"] += 1
+    if _REWARD_CALLS["n"] <= 6:
+        _RELEASE.wait()
+    return 1.0
+
+
+def slow_reward(response: str, task: Task) -> float:
+    time.sleep(1.5)
+    return 1.0
+
+
+def test_rewards_that_hang_in_more_threads_than_the_pool_has_do_not_starve_later_steps(engine, caplog):
+    """Issue 9 item 2: with asyncio's default pool (6 threads here) every later step had 0 experiences."""
+    _REWARD_CALLS["n"] = 0
+    explorer = Explorer(
+        engine, timeout=10.0, max_retries=0, reward_timeout=0.3, blocking_threads=4, max_skip_ratio=1.0
+    )
+    try:
+        per_step = []
+        with caplog.at_level("WARNING"):
+            for step in range(3):
+                tasks = [
+                    task(f"h{step}-{i}", reward=f"{__name__}:hang_first_six", repeat=2) for i in range(4)
+                ]
+                experiences, metrics = explorer.explore(tasks, batch_index=step, version=0)
+                per_step.append((len(experiences), metrics["explorer/reward_timeouts"]))
+        assert per_step[0][1] == 6.0 and per_step[0][0] <= 2  # the 6 hung calls cost their 3 tasks
+        assert per_step[1:] == [(8, 0.0), (8, 0.0)]  # fresh workers replaced the 6 stuck ones
+        assert metrics["explorer/stuck_threads"] == 6.0 and explorer.pool.abandoned == 6
+        assert "worker threads of trine-blocking are stuck" in caplog.text  # 6 >= 4 workers
+    finally:
+        _RELEASE.set()
+        explorer.close()
+
+
+def test_reward_timeouts_are_counted_and_named_apart_from_workflow_timeouts(engine, caplog):
+    explorer = Explorer(engine, timeout=10.0, max_retries=0, reward_timeout=0.3, max_skip_ratio=1.0)
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="trine.explorer"):
+        experiences, metrics = explorer.explore(
+            [task("slow", reward=f"{__name__}:slow_reward", repeat=2), task("ok")], batch_index=0, version=0
+        )
+    explorer.close()
+    assert time.monotonic() - start < 1.4  # the 1.5 s reward calls were not waited for
+    assert [e.task_id for e in experiences] == ["ok", "ok"]
+    assert metrics["explorer/reward_timeouts"] == 2.0
+    assert metrics["explorer/skipped_reward_timeout"] == 1.0 and "explorer/skipped_timeout" not in metrics
+    assert (
+        f"reward '{__name__}:slow_reward' did not return within explorer.reward_timeout=0.3s" in caplog.text
+    )
+    assert "explorer.timeout" not in caplog.text
+
+
+def test_too_many_skips_stop_with_the_reasons_and_one_bad_batch_only_warns(engine, caplog):
+    explorer = Explorer(engine, timeout=0.3, max_retries=0, max_skip_ratio=0.5, warn_skip_ratio=0.2)
+    good = lambda b: [task(f"ok{b}-{i}", repeat=1) for i in range(4)]  # noqa: E731
+    bad = lambda b: [  # noqa: E731
+        task(f"raise{b}", workflow="test_raising"),
+        task(f"hang{b}", workflow="test_hanging"),
+        task(f"empty{b}-0", workflow=f"{__name__}:EmptyWorkflow"),
+        task(f"empty{b}-1", workflow=f"{__name__}:EmptyWorkflow"),
+    ]
+    # evaluation never counts, however badly it goes
+    assert explorer.evaluate(bad("e"), name="x", k=1, greedy=False, seed=0) == {
+        "eval/x/avg@1": 0.0,
+        "eval/x/pass@1": 0.0,
+    }
+    with caplog.at_level("WARNING", logger="trine.explorer"):
+        explorer.explore(good(0), batch_index=0, version=0)
+        _, metrics = explorer.explore(bad(1), batch_index=1, version=0)  # 4 of 8 skipped: not more than half
+    assert metrics["explorer/skipped"] == 4.0
+    assert "batch 1 skipped 4 of 4 tasks (empty: 2, error: 1, timeout: 1)" in caplog.text
+    with pytest.raises(SkipRatioError) as info:
+        explorer.explore(bad(2), batch_index=2, version=0)  # 8 of 12
+    explorer.close()
+    message = str(info.value)
+    assert "8 of 12 tasks of the last 3 batch(es) were skipped" in message
+    assert "explorer.max_skip_ratio=0.5" in message
+    assert "empty: 4 (e.g. task empty2-1: the workflow returned no experiences)" in message
+    assert "error: 2 (e.g. task raise2: RuntimeError: environment crashed)" in message
+    assert "timeout: 2 (e.g. task hang2: the workflow timed out after explorer.timeout=0.3s)" in message

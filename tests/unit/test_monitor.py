@@ -10,7 +10,16 @@ import struct
 import pytest
 
 from trine.monitor import SINKS, ConsoleSink, JsonlSink, Monitor, TensorBoardSink, build_monitor, read_metrics
-from trine.monitor.plot import _stagewise_ema, ema, plot_run, stage_regions
+from trine.monitor.plot import (
+    PANELS,
+    _stagewise_ema,
+    collect_series,
+    draw_view,
+    ema,
+    panel_views,
+    plot_run,
+    stage_regions,
+)
 
 STEP = {
     "explorer/reward_mean": 0.53125,
@@ -142,14 +151,39 @@ def test_tensorboard_sink_round_trip(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("eval/t/avg@8")] == [(1, 0.25)]
 
 
-def test_missing_optional_packages_say_how_to_install():
-    for name, package in (("wandb", "wandb"), ("mlflow", "mlflow")):
-        try:
-            __import__(package)
-        except ImportError:
-            with pytest.raises(ImportError, match=f"pip install {package}"):
-                SINKS[name]()
+def test_sink_table_names_every_builtin():
     assert set(SINKS) == {"console", "jsonl", "tensorboard", "wandb", "mlflow"}
+
+
+def test_tensorboard_resume_purges_the_rewound_steps(tmp_path):
+    """A run killed after step 4 and resumed from its step-2 checkpoint: TensorBoard shows each step once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    crashed = TensorBoardSink(tmp_path / "tensorboard")
+    for step in (1, 2, 3, 4):
+        crashed.log({"trainer/loss": float(step)}, step=step)
+    crashed.close()
+    resumed = build_monitor(["tensorboard"], tmp_path, resume_step=2)
+    for step in (3, 4, 5):
+        resumed.log({"trainer/loss": 10.0 + step}, step=step)
+    resumed.log_table("eval/t/samples", [{"prompt": "1+1=", "response": "2|3", "reward": 1.0}], step=5)
+    resumed.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("trainer/loss")] == [
+        (1, 1),
+        (2, 2),
+        (3, 13),
+        (4, 14),
+        (5, 15),
+    ]
+    (text,) = acc.Tensors("eval/t/samples/text_summary")
+    markdown = text.tensor_proto.string_val[0].decode()
+    assert (
+        text.step == 5
+        and "| prompt | response | reward |" in markdown
+        and "| 1+1= | 2\\|3 | 1.0 |" in markdown
+    )
 
 
 class Recorder:
@@ -246,3 +280,46 @@ def test_stage_regions_and_ema():
     assert ema([0.0, 1.0], 0.5) == pytest.approx([0.0, 0.5 / 0.75])
     regions = stage_regions(records)  # the EMA restarts at the sft -> grpo boundary
     assert _stagewise_ema([1, 2, 3, 4], [0.0, 0.0, 5.0, 5.0], regions, 0.9) == pytest.approx([0, 0, 5, 5])
+
+
+def test_plot_gives_each_stage_its_own_loss_axes_and_drops_all_zero_curves(tmp_path):
+    run_dir = tmp_path / "run"
+    write_run(run_dir)
+    records = read_metrics(run_dir)
+    for r in records:
+        r["trainer/clipfrac"] = 0.0  # e.g. one update per batch: never clipped
+    series, stages = collect_series(records), stage_regions(records)
+    panels = {p.name: p for p in PANELS}
+    loss = panel_views(panels["loss"], series, stages)
+    assert [v.title for v in loss] == ["Loss: sft", "Loss: grpo"]  # ~2 and ~0.05: one scale each
+    assert max(loss[0].series["trainer/loss"][0]) == 25 and min(loss[1].series["trainer/loss"][0]) == 26
+    assert [v.title for v in panel_views(panels["kl"], series, stages)] == ["KL divergence: grpo"]
+    assert panel_views(panels["clipfrac"], series, stages) == []
+    assert [v.title for v in panel_views(panels["reward"], series, stages)] == ["Reward"]  # zero is a result
+
+
+def test_plot_clips_the_std_band_of_a_0_1_reward(tmp_path):
+    from matplotlib.figure import Figure
+
+    rows = [
+        {"step": s, "explorer/reward_mean": m, "explorer/reward_std": 0.5}
+        for s, m in enumerate((0.1, 0.9, 0.5), 1)
+    ]
+    series = collect_series(rows)
+    (view,) = panel_views(PANELS[0], series, [])
+    assert view.band_limits == (0.0, 1.0)
+    ax = Figure().add_subplot()
+    draw_view(ax, view, smoothing=0)
+    (band,) = ax.collections
+    ys = [y for path in band.get_paths() for _, y in path.vertices]
+    assert min(ys) == 0.0 and max(ys) == 1.0  # unclipped: -0.4 and 1.4
+    rows[0]["explorer/reward_mean"] = -2.0  # not a 0-1 reward: no clipping
+    assert panel_views(PANELS[0], collect_series(rows), [])[0].band_limits == (None, None)
+
+
+def test_stage_regions_give_a_shared_step_to_the_earlier_stage():
+    """The next stage's start-of-stage eval is logged at the previous stage's last step."""
+    records = [{"step": s, "stage": "sft"} for s in (1, 2)] + [
+        {"step": s, "stage": "grpo"} for s in (2, 3, 4)
+    ]
+    assert stage_regions(records) == [("sft", 1, 2.5), ("grpo", 2.5, 4)]

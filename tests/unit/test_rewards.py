@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -267,3 +268,20 @@ def test_import_is_cheap():
     code = "import sys, trine.rewards; print('math_verify' in sys.modules, 'sympy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_math_worker_survives_malformed_request_lines():
+    """Issue 9 item 6: a line that is not a JSON request used to kill the worker process."""
+    from trine.rewards.math import STARTUP_TIMEOUT, _Worker
+
+    worker = _Worker()
+    try:
+        for bad in (b"this is not json\n", b"[1, 2]\n", b'{"gold": "1"}\n', b"\xff\xfe\n"):
+            worker.proc.stdin.write(bad)
+            reply = worker.replies.get(timeout=STARTUP_TIMEOUT)
+            assert reply is not None, f"the worker died on {bad!r}"
+            assert json.loads(reply)["ok"] is False and "error" in json.loads(reply)
+        assert worker.ask({"gold": "1/2", "response": "0.5"}, timeout=30.0) == {"ok": True}
+        assert worker.proc.poll() is None
+    finally:
+        worker.kill()

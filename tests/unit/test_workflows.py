@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,29 @@ def test_step_wise_workflow_on_the_tiny_model_emits_consistent_steps(engine):
     assert len(first) == 1  # every rollout starts from the same anchor state
 
 
+def test_grid_world_sampling_is_reproducible_for_a_seed(tiny_model_dir):
+    """The grid world is ``blocking = False``: its steps run inline, so the engine's batches (and the
+    random numbers each row draws) do not depend on when worker threads finish."""
+    tasks = [grid_task(8, size=3, seed=s, holes=1, max_steps=6) for s in range(4)]
+
+    def sample() -> list[list[int]]:
+        engine = HFEngine(
+            load_model(tiny_model_dir, dtype="float32", device="cpu"), load_tokenizer(tiny_model_dir), seed=3
+        )
+        workflow = GridWorldWorkflow(reward=None)
+
+        async def run_all():
+            return await asyncio.gather(*(workflow.run(t, engine) for t in tasks))
+
+        try:
+            return [e.tokens for exps in asyncio.run(run_all()) for e in exps]
+        finally:
+            engine.close()
+
+    assert GridWorld.blocking is False
+    assert sample() == sample()
+
+
 def test_step_wise_rewards_success_and_gigpo_inputs(engine):
     task = grid_task(2, layout=["SF", "FG"], max_steps=5)
     policy = {"A F": "let me go right", "S A": "now D"}  # keyed by the first grid row
@@ -261,6 +285,41 @@ def test_step_wise_respects_max_steps_without_progress(engine):
     exps = asyncio.run(GridWorldWorkflow(reward=None).run(grid_task(1, size=3, seed=1, max_steps=4), model))
     assert len(exps) == 4 and all(e.info["env_info"]["invalid_action"] for e in exps)
     assert exps[-1].info["env_info"]["invalid_actions"] == 4 and not exps[-1].info["success"]
+
+
+class SlowEnv:
+    """A 2x2 grid world whose ``step`` blocks for ``delay`` seconds, like a slow simulator."""
+
+    def __init__(self, delay: float = 3.0) -> None:
+        self.env = GridWorld(layout=["SF", "FG"])
+        self.delay = delay
+
+    def reset(self) -> str:
+        return self.env.reset()
+
+    def state_hash(self) -> str:
+        return self.env.state_hash()
+
+    def step(self, text: str):
+        time.sleep(self.delay)
+        return self.env.step(text)
+
+
+def test_a_blocking_environment_step_is_bounded_by_the_task_timeout(engine):
+    """Issue 9 item 15: a 3 s ``env.step`` used to block the event loop past a 0.5 s task timeout."""
+    from trine.explorer import Explorer
+
+    explorer = Explorer(engine, timeout=0.5, max_retries=0, max_skip_ratio=1.0)
+    slow = grid_task(1)
+    slow.task_id, slow.workflow, slow.workflow_args = "slow", "step_wise", {"env": f"{__name__}:SlowEnv"}
+    fine = Task(task_id="fine", question="hi", repeat=2, sampling=SamplingParams(max_tokens=4))
+    start = time.monotonic()
+    experiences, metrics = explorer.explore([slow, fine], batch_index=0, version=0)
+    elapsed = time.monotonic() - start
+    explorer.close()
+    assert elapsed < 2.0  # not the 3 s of the step
+    assert metrics["explorer/skipped_timeout"] == 1.0 and metrics["explorer/stuck_threads"] == 1.0
+    assert [e.task_id for e in experiences] == ["fine", "fine"]  # the loop kept serving other tasks
 
 
 # ---------------------------------------------------------------------------------- ReMax baseline

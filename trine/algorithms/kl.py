@@ -10,14 +10,29 @@ from trine.algorithms.aggregation import aggregate, masked_mean
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "abs", "mse")
 
 
-def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", clamp: float = 10.0) -> Tensor:
+def kl_penalty(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    estimator: str = "k3",
+    clamp: float = 10.0,
+    input_clamp: float = 20.0,
+) -> Tensor:
     """Per-token estimate of KL(π_θ ‖ π_ref) from sampled-token logprobs.
 
     With ``x = log π_ref(a) - log π_θ(a)`` (a sampled from π_θ):
     - ``k1``: ``-x``                     (unbiased, high variance)
     - ``k2``: ``x² / 2``                 (biased, low variance)
-    - ``k3`` / ``low_var_kl``: ``eˣ - x - 1`` (unbiased, non-negative), clamped to ``[-clamp, clamp]``
+    - ``k3`` / ``low_var_kl``: ``eˣ - x - 1`` (unbiased, non-negative)
     - ``abs``: ``|x|``;  ``mse``: ``x²/2`` (alias of k2 as in verl)
+
+    k3 clamping: only ``exp`` can overflow, so ``x`` is first clamped to ``[-input_clamp, input_clamp]``
+    (default ±20: ``e²⁰ ≈ 4.9e8`` is finite in float32 and bf16, so its backward never multiplies 0 by
+    inf), then the *value* is clamped to ``[-clamp, clamp]`` (default ±10) to bound one token's penalty.
+    The value clamp is the one that binds: ``eˣ - x - 1`` reaches 10 at ``x ≈ 2.61`` and ``x ≈ -11.0``, so
+    the estimate and its gradient ``∂k3/∂logπ_θ = 1 - eˣ`` are exact for every ``x`` in that range
+    (e.g. ``x = -10.5`` gives ``9.50003`` with gradient ``≈ 1``), and tokens beyond it get the constant
+    ``clamp`` with zero gradient. This is verl's ``low_var_kl`` (input ±20, output ±10). k1, k2 and abs
+    have no ``exp`` and are returned unclamped.
 
     Estimators from J. Schulman, "Approximating KL Divergence" (2020); k3 as used in GRPO,
     arXiv 2402.03300 eq. (4).
@@ -28,7 +43,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", cl
     if estimator in ("k2", "mse"):
         return 0.5 * x.square()
     if estimator in ("k3", "low_var_kl"):
-        x = x.clamp(-clamp, clamp)
+        x = x.clamp(-input_clamp, input_clamp)
         return (torch.exp(x) - x - 1).clamp(-clamp, clamp)
     if estimator == "abs":
         return x.abs()

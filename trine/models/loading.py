@@ -8,6 +8,7 @@ only if it is already in the local Hugging Face cache.
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,66 @@ def load_model(
     except OSError as err:
         raise FileNotFoundError(_missing_message(path, "model", f"loading failed: {err}")) from err
     return model.to(device).eval()
+
+
+def check_model_files(path: str | Path, tokenizer_path: str | Path | None = None) -> list[str]:
+    """Problems with the model directory ``path`` that would stop :func:`load_model`, found without
+    loading it: a missing or unreadable config.json, no tokenizer files, no weights, or a safetensors
+    file whose header and size disagree (a truncated download). Each problem names its file."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        return [_missing_message(path, "model", "it is not a directory")]
+    problems = []
+    config = p / "config.json"
+    if not config.is_file():
+        problems.append(f"{config} is missing; a Hugging Face model directory needs its config.json")
+    else:
+        try:
+            json.loads(config.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as err:
+            problems.append(f"{config} is not valid JSON ({err}); re-download or re-save the model")
+    tokenizer = Path(tokenizer_path).expanduser() if tokenizer_path else p
+    if not any((tokenizer / name).is_file() for name in _TOKENIZER_FILES):
+        problems.append(
+            f"{tokenizer} has no tokenizer files ({' / '.join(_TOKENIZER_FILES)}); save the tokenizer "
+            "there or set model.tokenizer_path"
+        )
+    weights = sorted(p.glob("*.safetensors")) + sorted(p.glob("pytorch_model*.bin"))
+    if not weights:
+        problems.append(f"{p} has no weights (*.safetensors or pytorch_model*.bin)")
+    problems += [
+        problem for file in weights if file.suffix == ".safetensors" if (problem := _check_safetensors(file))
+    ]
+    return problems
+
+
+def _check_safetensors(file: Path) -> str | None:
+    """None if the safetensors header parses and the tensors it lists end exactly at the end of the file."""
+    size = file.stat().st_size
+    fix = "the file is truncated or corrupt; re-download or re-save the model"
+    with open(file, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"{file}: {size} bytes, too short for a safetensors header; {fix}"
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            return f"{file}: header says {length} bytes of metadata but the file has {size}; {fix}"
+        try:
+            header = json.loads(handle.read(length))
+        except ValueError as err:
+            return f"{file}: header is not valid JSON ({err}); {fix}"
+    if not isinstance(header, dict):
+        return f"{file}: header is not a JSON object; {fix}"
+    offsets = [
+        t.get("data_offsets") for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)
+    ]
+    if not all(isinstance(o, list) and len(o) == 2 and all(isinstance(x, int) for x in o) for o in offsets):
+        return f"{file}: a tensor in the header has no valid data_offsets; {fix}"
+    ends = [o[1] for o in offsets]
+    expected = 8 + length + max(ends, default=0)
+    if expected != size:
+        return f"{file}: its header lists tensors up to byte {expected} but the file has {size} bytes; {fix}"
+    return None
 
 
 def _local_source(path: str | Path, required: tuple[str, ...], what: str) -> str:

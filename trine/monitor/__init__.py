@@ -1,5 +1,7 @@
 """Metric sinks (console, jsonl, tensorboard, wandb, mlflow), the Monitor that fans out to them, and plots.
 
+``SINKS`` is the table of built-in sink names.
+
 ``plot_run`` is imported lazily (it pulls in matplotlib only when called).
 """
 
@@ -7,17 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from trine.monitor.sinks import (
-    SINKS,
-    ConsoleSink,
-    JsonlSink,
-    MlflowSink,
-    Monitor,
-    TensorBoardSink,
-    WandbSink,
-    build_monitor,
-    read_metrics,
-)
+from trine.monitor.sinks import ConsoleSink, JsonlSink, Monitor, TensorBoardSink, build_monitor, read_metrics
+from trine.monitor.tracking import MlflowSink, WandbSink
+
+SINKS: dict[str, type] = {
+    "console": ConsoleSink,
+    "jsonl": JsonlSink,
+    "tensorboard": TensorBoardSink,
+    "wandb": WandbSink,
+    "mlflow": MlflowSink,
+}
 
 __all__ = [
     "SINKS",

@@ -36,12 +36,31 @@ class Panel:
     """mean key -> std key: shade mean ± std where both are logged."""
     sparse: bool = False
     """Draw points joined by lines, no smoothing (eval runs every few steps)."""
+    per_stage: bool = False
+    """One axes per stage (an SFT loss of ~6 and a GRPO loss of ~0.01 need their own scales)."""
+    drop_zero: bool = True
+    """Leave out curves that are zero at every step (e.g. clipfrac of one update per batch): noise.
+    Off for reward and accuracy, where zero is a result."""
+    band_limits: Any = None
+    """``(low, high)`` (None = open) the std bands are clipped to, or a function of the series giving it."""
 
     def matching(self, series: Series) -> list[str]:
         found: list[str] = []
         for pattern in self.keys:
             found += [k for k in sorted(fnmatch.filter(series, pattern)) if k not in found]
         return found
+
+
+def reward_range(series: Series) -> tuple[float | None, float | None]:
+    """The range a reward's std band may cover: the logged ``explorer/reward_min``/``_max`` when there
+    are any, [0, 1] when every mean lies in it (accuracy-like rewards), else open."""
+    lows, highs = series.get("explorer/reward_min"), series.get("explorer/reward_max")
+    if lows and highs:
+        return min(lows[1]), max(highs[1])
+    means = series.get("explorer/reward_mean", ([], []))[1]
+    if means and all(0.0 <= m <= 1.0 for m in means):
+        return 0.0, 1.0
+    return None, None
 
 
 PANELS = [
@@ -51,6 +70,8 @@ PANELS = [
         "reward",
         ["explorer/reward_mean"],
         {"explorer/reward_mean": "explorer/reward_std"},
+        drop_zero=False,
+        band_limits=reward_range,
     ),
     Panel(
         "eval",
@@ -58,21 +79,67 @@ PANELS = [
         "accuracy",
         ["eval/*/accuracy", "eval/*/avg@*", "eval/*/pass@*"],
         sparse=True,
+        drop_zero=False,
     ),
-    Panel("loss", "Loss", "loss", ["trainer/loss"]),
-    Panel("kl", "KL divergence", "kl", ["trainer/kl"]),
+    Panel("loss", "Loss", "loss", ["trainer/loss"], per_stage=True),
+    Panel("kl", "KL divergence", "kl", ["trainer/kl"], per_stage=True),
     Panel(
         "response_length",
         "Response length",
         "tokens",
         ["explorer/response_length_mean"],
         {"explorer/response_length_mean": "explorer/response_length_std"},
+        band_limits=(0.0, None),
     ),
-    Panel("entropy", "Entropy", "nats / token", ["trainer/entropy"]),
+    Panel("entropy", "Entropy", "nats / token", ["trainer/entropy"], per_stage=True),
     Panel("clipfrac", "Clip fraction", "fraction", ["trainer/clipfrac"]),
-    Panel("grad_norm", "Gradient norm", "norm", ["trainer/grad_norm"]),
+    Panel("grad_norm", "Gradient norm", "norm", ["trainer/grad_norm"], per_stage=True),
     Panel("step_seconds", "Step time", "seconds", ["time/step_seconds"]),
 ]
+
+
+@dataclass
+class View:
+    """One axes to draw: a panel's curves (maybe one stage's part of them) and its title."""
+
+    panel: Panel
+    title: str
+    series: Series
+    stages: list[tuple[str, float, float]]
+    band_limits: tuple[float | None, float | None] = (None, None)
+    stage_names: list[str] | None = None
+    """Every stage of the run in order (keeps each stage's colour when a view shows one stage)."""
+
+
+def _zero(values: list[float]) -> bool:
+    return all(v == 0 for v in values)
+
+
+def _within(points: tuple[list[float], list[float]], start: float, end: float) -> tuple[list, list]:
+    pairs = [(s, v) for s, v in zip(*points) if start <= s <= end]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def panel_views(panel: Panel, series: Series, stages: list[tuple[str, float, float]]) -> list[View]:
+    """The axes ``panel`` needs for this run: none when nothing (or only zeros, if ``drop_zero``) was
+    logged, one per stage for a ``per_stage`` panel of a run with several stages, else one."""
+    keys = [k for k in panel.matching(series) if not (panel.drop_zero and _zero(series[k][1]))]
+    if not keys:
+        return []
+    limits = panel.band_limits(series) if callable(panel.band_limits) else panel.band_limits
+    own = {k: series[k] for k in keys}
+    own.update({panel.bands[k]: series[panel.bands[k]] for k in keys if panel.bands.get(k) in series})
+    if not panel.per_stage or len({name for name, _, _ in stages}) < 2:
+        return [View(panel, panel.title, own, stages, limits or (None, None))]
+    views = []
+    for region in stages:
+        part = {k: _within(v, region[1], region[2]) for k, v in own.items()}
+        if any(part[k][0] and not (panel.drop_zero and _zero(part[k][1])) for k in keys):
+            title, names = f"{panel.title}: {region[0]}", [name for name, _, _ in stages]
+            views.append(View(panel, title, part, [region], limits or (None, None), names))
+    return views
+
+
 FILES = {
     "reward.png": ["reward"],
     "eval_accuracy.png": ["eval"],
@@ -88,8 +155,11 @@ def plot_run(run_dir: str | Path, smoothing: float = 0.8, dpi: int = 120) -> lis
 
     Files: ``reward.png``, ``eval_accuracy.png``, ``loss.png`` (with KL when logged),
     ``response_length.png`` and ``overview.png`` (every available panel in one grid). A plot whose
-    metrics were never logged is skipped (and the skip is logged). ``smoothing`` is the EMA weight
-    in [0, 1) (0 = no smoothing line).
+    metrics were never logged is skipped (and the skip is logged), so is a curve that is zero at every
+    step (except reward and accuracy). In a run of several stages, losses, KL, entropy and gradient
+    norms get one axes per stage (their scales differ by orders of magnitude). Std bands are clipped
+    to the metric's range (see :func:`reward_range`). ``smoothing`` is the EMA weight in [0, 1)
+    (0 = no smoothing line).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -108,23 +178,21 @@ def plot_run(run_dir: str | Path, smoothing: float = 0.8, dpi: int = 120) -> lis
     series = collect_series(records)
     stages = stage_regions(records)
     out_dir = run_dir / "plots"
-    available = {p.name: p for p in PANELS if p.matching(series)}
+    views = {p.name: panel_views(p, series, stages) for p in PANELS}
     written: list[Path] = []
     for filename, names in FILES.items():
-        panels = [available[n] for n in names if n in available]
-        if not panels:
+        chosen = [v for n in names for v in views[n]]
+        if not chosen:
             wanted = [k for n in names for p in PANELS if p.name == n for k in p.keys]
-            log.info("skipped %s: none of %s were logged", filename, wanted)
+            log.info("skipped %s: none of %s were logged (or all were zero)", filename, wanted)
             continue
-        fig = _figure((8.5, 4.2 * len(panels)), dpi)
-        axes = [fig.add_subplot(len(panels), 1, i + 1) for i in range(len(panels))]
-        for ax, panel in zip(axes, panels, strict=True):
-            draw_panel(ax, panel, series, stages, smoothing)
+        fig = _figure((8.5, 4.2 * len(chosen)), dpi)
+        for i, view in enumerate(chosen):
+            draw_view(fig.add_subplot(len(chosen), 1, i + 1), view, smoothing)
         written.append(_save(fig, out_dir / filename, run_dir.name))
-    if available:
-        written.append(
-            _overview(list(available.values()), series, stages, smoothing, dpi, out_dir, run_dir.name)
-        )
+    every = [v for p in PANELS for v in views[p.name]]
+    if every:
+        written.append(_overview(every, smoothing, dpi, out_dir, run_dir.name))
     else:
         log.warning("no plottable metrics in %s; keys present: %s", path, sorted(series) or "none")
     log.info("wrote %s", ", ".join(str(p) for p in written) or "no plots")
@@ -156,6 +224,8 @@ def stage_regions(records: list[dict[str, Any]]) -> list[tuple[str, float, float
     for record in rows:
         if regions and regions[-1][0] == record["stage"]:
             regions[-1][2] = record["step"]
+        elif regions and regions[-1][2] == record["step"]:
+            continue  # the next stage's start-of-stage eval, logged at the previous stage's last step
         else:
             regions.append([record["stage"], record["step"], record["step"]])
     out = []
@@ -192,9 +262,15 @@ def _short(key: str) -> str:
 
 
 def draw_panel(ax: Any, panel: Panel, series: Series, stages: list, smoothing: float) -> None:
-    """Draw one panel's curves, bands and stage regions on ``ax``."""
+    """Draw one panel's curves, bands and stage regions on ``ax`` (all of the run on one axes)."""
+    draw_view(ax, View(panel, panel.title, series, stages), smoothing)
+
+
+def draw_view(ax: Any, view: View, smoothing: float) -> None:
+    """Draw one view's curves, bands (clipped to its limits) and stage regions on ``ax``."""
     from matplotlib.ticker import MaxNLocator
 
+    panel, series, stages = view.panel, view.series, view.stages
     for i, key in enumerate(panel.matching(series)):
         color = COLORS[i % len(COLORS)]
         steps, values = series[key]
@@ -202,7 +278,7 @@ def draw_panel(ax: Any, panel: Panel, series: Series, stages: list, smoothing: f
             ax.plot(steps, values, "o-", color=color, label=_short(key), markersize=4, linewidth=1.2)
             continue
         if key in panel.bands and panel.bands[key] in series:
-            _band(ax, steps, values, series[panel.bands[key]], color)
+            _band(ax, steps, values, series[panel.bands[key]], color, view.band_limits)
         if smoothing > 0 and len(values) >= 8:
             ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.9)
             smooth = _stagewise_ema(steps, values, stages, smoothing)
@@ -211,8 +287,8 @@ def draw_panel(ax: Any, panel: Panel, series: Series, stages: list, smoothing: f
             ax.plot(
                 steps, values, "o-" if len(values) < 30 else "-", color=color, markersize=3, label=_short(key)
             )
-    _shade_stages(ax, stages)
-    ax.set_title(panel.title, fontsize=11)
+    _shade_stages(ax, stages, view.stage_names)
+    ax.set_title(view.title, fontsize=11)
     ax.set_xlabel("step")
     ax.set_ylabel(panel.ylabel)
     ax.grid(True, alpha=0.3)
@@ -221,16 +297,23 @@ def draw_panel(ax: Any, panel: Panel, series: Series, stages: list, smoothing: f
         ax.legend(fontsize=8, loc="best", framealpha=0.8)
 
 
-def _band(ax: Any, steps: list, values: list, std: tuple[list, list], color: str) -> None:
+def _band(
+    ax: Any, steps: list, values: list, std: tuple[list, list], color: str, limits: tuple = (None, None)
+) -> None:
+    """Shade mean ± std, clipped to ``limits`` (a 0-1 reward's band stays inside [0, 1])."""
     std_at = dict(zip(*std, strict=True))
     paired = [(s, v, std_at[s]) for s, v in zip(steps, values, strict=True) if s in std_at]
     if not paired:
         return
+    low, high = (
+        (-math.inf if limits[0] is None else limits[0]),
+        (math.inf if limits[1] is None else limits[1]),
+    )
     xs = [p[0] for p in paired]
     ax.fill_between(
         xs,
-        [p[1] - p[2] for p in paired],
-        [p[1] + p[2] for p in paired],
+        [max(low, p[1] - p[2]) for p in paired],
+        [min(high, p[1] + p[2]) for p in paired],
         color=color,
         alpha=0.12,
         linewidth=0,
@@ -238,10 +321,10 @@ def _band(ax: Any, steps: list, values: list, std: tuple[list, list], color: str
     )
 
 
-def _shade_stages(ax: Any, stages: list[tuple[str, float, float]]) -> None:
+def _shade_stages(ax: Any, stages: list[tuple[str, float, float]], names: list[str] | None = None) -> None:
     if not stages:
         return
-    names = list(dict.fromkeys(s[0] for s in stages))
+    names = list(dict.fromkeys(names or [s[0] for s in stages]))
     for i, (stage, start, end) in enumerate(stages):
         color = STAGE_COLORS[names.index(stage) % len(STAGE_COLORS)]
         ax.axvspan(start, end, color=color, alpha=0.07, linewidth=0)
@@ -266,20 +349,12 @@ def _figure(size: tuple[float, float], dpi: int) -> Any:
     return Figure(figsize=size, dpi=dpi, layout="constrained")
 
 
-def _overview(
-    panels: list[Panel],
-    series: Series,
-    stages: list,
-    smoothing: float,
-    dpi: int,
-    out_dir: Path,
-    run_name: str,
-) -> Path:
-    cols = min(3, len(panels))
-    rows = math.ceil(len(panels) / cols)
+def _overview(views: list[View], smoothing: float, dpi: int, out_dir: Path, run_name: str) -> Path:
+    cols = min(3, len(views))
+    rows = math.ceil(len(views) / cols)
     fig = _figure((5.2 * cols, 3.6 * rows), dpi)
-    for i, panel in enumerate(panels):
-        draw_panel(fig.add_subplot(rows, cols, i + 1), panel, series, stages, smoothing)
+    for i, view in enumerate(views):
+        draw_view(fig.add_subplot(rows, cols, i + 1), view, smoothing)
     return _save(fig, out_dir / "overview.png", run_name)
 
 

@@ -1,6 +1,6 @@
 """Metric sinks: where the flat per-step metrics dict goes.
 
-Every sink has ``log(metrics, step)`` and ``close()``. ``metrics`` is one flat dict per step with
+Every sink has ``log(metrics, step)`` and ``close()``, and may have ``log_table(name, rows, step)``. ``metrics`` is one flat dict per step with
 namespaced keys (``explorer/reward_mean``, ``trainer/loss``, ``eval/<taskset>/accuracy``, ...);
 values are numbers, except an optional ``"stage"`` string (e.g. ``"sft"``, ``"grpo"``) that the
 JSONL and console sinks keep and the scalar sinks skip. ``Monitor`` fans one call out to many sinks.
@@ -272,18 +272,38 @@ def read_metrics(path: str | Path, drop_rewound: bool = False) -> list[dict[str,
 
 
 class TensorBoardSink:
-    """Writes every numeric metric as a TensorBoard scalar (``add_scalar(key, value, step)``)."""
+    """Writes every numeric metric as a TensorBoard scalar (``add_scalar(key, value, step)``) and
+    tables as markdown text.
 
-    def __init__(self, log_dir: str | Path):
+    ``purge_step``: the first step this run writes (checkpoint step + 1 on resume, 0 for a fresh
+    start); events a crashed run wrote at that step or later are hidden from TensorBoard, so each
+    step shows once (``SummaryWriter(purge_step=...)``).
+    """
+
+    def __init__(self, log_dir: str | Path, purge_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(log_dir)
-        self.writer: Any = SummaryWriter(log_dir=str(self.log_dir))
+        self.writer: Any = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Add one scalar per numeric key and flush the event file."""
         for key, value in scalars(metrics).items():
             self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        """Add ``rows`` as a markdown table (TensorBoard's Text tab) called ``name`` at ``step``."""
+        if not rows:
+            return
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+
+        def cell(value: Any) -> str:
+            return str(value).replace("|", "\\|").replace("\n", "<br>")
+
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+        self.writer.add_text(name, "\n".join(lines), global_step=step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -303,65 +323,6 @@ def _require(module: str, sink: str) -> Any:
         ) from err
 
 
-class WandbSink:
-    """Logs to Weights & Biases (``pip install wandb``); ``config`` is stored with the run."""
-
-    def __init__(self, project: str = "trine", name: str | None = None, config: dict[str, Any] | None = None):
-        wandb = _require("wandb", "wandb")
-        self.run = wandb.init(project=project, name=name, config=config or {})
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        """Log the numeric metrics at ``step``."""
-        self.run.log(scalars(metrics), step=step)
-
-    def close(self) -> None:
-        """Finish the wandb run."""
-        self.run.finish()
-
-
-def _mlflow_key(key: str) -> str:
-    # MLflow metric names allow alphanumerics, _ - . space : and / only (so avg@8 -> avg_at_8).
-    key = key.replace("@", "_at_")
-    return "".join(c if c.isalnum() or c in "_-. :/" else "_" for c in key)
-
-
-class MlflowSink:
-    """Logs to MLflow (``pip install mlflow``) under ``experiment``; ``tracking_uri`` None = MLflow default."""
-
-    def __init__(
-        self,
-        experiment: str = "trine",
-        run_name: str | None = None,
-        tracking_uri: str | None = None,
-        config: dict[str, Any] | None = None,
-    ):
-        mlflow = _require("mlflow", "mlflow")
-        if tracking_uri:
-            mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment(experiment)
-        self.mlflow = mlflow
-        self.run = mlflow.start_run(run_name=run_name)
-        if config:
-            mlflow.log_dict(config, "config.json")
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        """Log the numeric metrics at ``step`` (keys made MLflow-safe)."""
-        self.mlflow.log_metrics({_mlflow_key(k): v for k, v in scalars(metrics).items()}, step=step)
-
-    def close(self) -> None:
-        """End the MLflow run."""
-        self.mlflow.end_run()
-
-
-SINKS: dict[str, type] = {
-    "console": ConsoleSink,
-    "jsonl": JsonlSink,
-    "tensorboard": TensorBoardSink,
-    "wandb": WandbSink,
-    "mlflow": MlflowSink,
-}
-
-
 class Monitor:
     """Fans ``log`` and ``close`` out to several sinks; use it as a context manager."""
 
@@ -372,6 +333,13 @@ class Monitor:
         """Send one step's metrics to every sink."""
         for sink in self.sinks:
             sink.log(metrics, step)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int) -> None:
+        """Send a table (``rows``: dicts with the same keys, e.g. eval samples) to every sink that
+        takes tables (those with a ``log_table`` method: tensorboard, wandb, mlflow)."""
+        for sink in self.sinks:
+            if hasattr(sink, "log_table"):
+                sink.log_table(name, rows, step)
 
     def close(self) -> None:
         """Close every sink, even if one fails (the first error is raised afterwards)."""
@@ -399,12 +367,15 @@ def build_monitor(
     run_name: str | None = None,
     config: dict[str, Any] | None = None,
     options: dict[str, dict[str, Any]] | None = None,
+    resume_step: int | None = None,
 ) -> Monitor:
     """A Monitor with the named sinks, wired to the standard run-directory layout.
 
     ``names`` are built-in sink names or ``"package.module:attr"`` classes. Built-ins get their usual
     arguments (``run_dir/metrics.jsonl``, ``run_dir/tensorboard``, ``total_steps``, ``run_name``,
     ``config``); ``options[name]`` adds or overrides keyword arguments for that sink.
+    ``resume_step`` is the step the run continues from (its checkpoint's, 0 for a fresh start; None
+    when not a Trine run): TensorBoard purges later events, W&B and MLflow continue their run.
     """
     from trine.registry import resolve
 
@@ -417,6 +388,10 @@ def build_monitor(
         "wandb": {"name": name, "config": config},
         "mlflow": {"run_name": name, "config": config},
     }
+    if resume_step is not None:
+        defaults["tensorboard"]["purge_step"] = resume_step + 1 if resume_step else 0
+        for tracker in ("wandb", "mlflow"):
+            defaults[tracker].update(run_dir=run_dir, resume_step=resume_step)
     sinks = []
     for sink_name in names:
         kwargs = {**defaults.get(sink_name, {}), **(options or {}).get(sink_name, {})}

@@ -6,10 +6,14 @@ A reward is any callable::
 
     fn(response: str, task: trine.types.Task, **reward_args) -> float | dict[str, float]
 
-``response`` is the sampled text (it may end with special tokens such as ``<|im_end|>``);
-``task.answer`` is the reference answer (may be None or not a string), ``task.question`` the
-prompt and ``task.raw`` the whole taskset row, for rewards that need more fields.
-``reward_args`` come from the task (``Task.reward_args``, i.e. the taskset config).
+``response`` is the sampled text: the built-in engine decodes it with ``skip_special_tokens=True``,
+so it holds no eos / chat-template tokens, is not stripped, and keeps a stop string that ended it;
+text from a custom workflow may still end with special tokens such as ``<|im_end|>``, which the
+built-ins strip (:func:`trine.rewards.basic.clean_response`). ``task.answer`` is the reference answer
+(may be None or not a string), ``task.question`` the prompt (text or chat; the model saw
+``task.messages()`` rendered with its chat template) and ``task.raw`` the whole taskset row, for
+rewards that need more fields. ``reward_args`` come from the task (``Task.reward_args``, i.e. the
+taskset config). docs/workflows.md ("For reward authors") has the details.
 
 - A float is the reward.
 - A dict means named parts (``{"accuracy": 1.0, "format": 0.5}``): the total reward is the sum

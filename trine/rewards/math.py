@@ -111,7 +111,13 @@ class _Worker:
             line = self.replies.get(timeout=timeout)
         except queue.Empty:
             return None
-        return None if line is None else json.loads(line)
+        try:
+            return None if line is None else json.loads(line)
+        except ValueError:  # not a reply (something else wrote to its stdout): treat it as broken
+            logger.warning(
+                "math reward: the worker sent %r instead of a JSON reply; restarting it", line[:200]
+            )
+            return None
 
     def kill(self) -> None:
         self.proc.kill()
@@ -259,10 +265,12 @@ def serve() -> None:
     out.write(b'{"ready": true}\n')
     out.flush()
     for line in sys.stdin.buffer:
-        request = json.loads(line)
-        try:
+        try:  # a malformed request or a sympy failure is a wrong answer, never the worker's death
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise TypeError(f"request {request!r} is not a JSON object")
             reply: dict[str, Any] = {"ok": check_math(**request)}
-        except Exception as err:  # MemoryError, RecursionError, sympy bugs: a wrong answer, not a crash
+        except Exception as err:  # MemoryError, RecursionError, sympy bugs, bad JSON
             reply = {"ok": False, "error": f"{type(err).__name__}: {err}"[:500]}
         out.write(json.dumps(reply).encode("ascii") + b"\n")
         out.flush()

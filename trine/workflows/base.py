@@ -13,6 +13,11 @@ know which reward it is using.
 
 Multi-turn workflows build experiences token-in, token-out: they keep the sampled token ids as
 they are and append only the new observation tokens with ``action_mask`` 0.
+
+Each returned Experience should carry ``info["temperature"]`` (the trainer recomputes logprobs at
+it; :func:`completion_experience` sets it). The explorer fills in ``task_id``, ``group_id``,
+``run_id`` and ``policy_version`` when left empty. docs/workflows.md documents the whole contract
+with runnable single-turn and step-wise examples.
 """
 
 from __future__ import annotations

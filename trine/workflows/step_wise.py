@@ -17,6 +17,15 @@ in ``group_id`` (one per task) as for any workflow.
 
 Rewards come from the environment; the task's ``reward`` function (the ``reward`` argument the
 explorer passes) is not used by this workflow.
+
+The environment's construction, ``reset``, ``step`` and ``state_hash`` may block (a simulator, a
+subprocess, a web page): they run in worker threads through :func:`trine.blocking.run_blocking`,
+so the event loop keeps serving the other tasks and the explorer's task timeout bounds them.
+An environment class that is pure, fast Python may say so with ``blocking = False`` (the grid world
+does): its calls then run inline in the event loop. That keeps sampling bit-reproducible for a
+seed: the engine batches whichever requests are waiting, so environment steps that finish in
+threads at timing-dependent moments change which requests share a batch and which random numbers
+each row draws.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from trine.blocking import run_blocking
 from trine.types import Completion, Experience, Task, new_id
 from trine.workflows.base import RolloutModel, ScoreFn, completion_experience
 from trine.workflows.envs import ENVIRONMENTS
@@ -82,6 +92,7 @@ class StepWiseWorkflow:
         self.max_steps = max_steps
         self.system_prompt = system_prompt
         self._env_params = _named_params(self.env_factory)
+        self._inline = getattr(self.env_factory, "blocking", True) is False
 
     def make_env(self, task: Task) -> Any:
         """A fresh environment for ``task`` (``env_args`` updated with the row's matching keys)."""
@@ -100,28 +111,32 @@ class StepWiseWorkflow:
 
     async def episode(self, task: Task, model: RolloutModel, index: int = 0) -> list[Experience]:
         """Play one episode; returns its steps with the episode return filled in."""
-        env = self.make_env(task)
-        observation = env.reset()
+        env = await self._call(self.make_env, task)
+        observation, state = await self._call(_reset, env)
         params = task.sampling.replace(n=1)
         run_id = new_id("run-")
         steps: list[Experience] = []
         env_info: dict[str, Any] = {}
         for t in range(self.step_limit(task)):
-            state = env.state_hash()
             completion = (await model.chat(self.messages(task, observation), params))[0]
-            observation, reward, done, env_info = env.step(completion.text)
+            (observation, reward, done, env_info), next_state = await self._call(_step, env, completion.text)
             steps.append(
                 _step_experience(completion, float(reward), task, run_id, t, state, params.temperature)
             )
             steps[-1].info.update(rollout_index=index, env_info=env_info)
             if done:
                 break
+            state = next_state
         episode_return = sum(float(e.reward or 0.0) for e in steps)
         success = bool(env_info.get("success", episode_return > 0))
         for e in steps:
             e.info.update(episode_return=episode_return, success=success, episode_length=len(steps))
             e.info["last_step"] = e is steps[-1]
         return steps
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` inline for a ``blocking = False`` environment, else in a worker thread."""
+        return fn(*args) if self._inline else await run_blocking(fn, *args)
 
     def messages(self, task: Task, observation: str) -> list[dict[str, str]]:
         """The chat of one step: the system prompt (if any) and the observation."""
@@ -144,6 +159,17 @@ class GridWorldWorkflow(StepWiseWorkflow):
                 "use workflow 'step_wise' with env=... for another environment."
             )
         super().__init__(reward, env=GridWorld, **kwargs)
+
+
+def _reset(env: Any) -> tuple[str, str]:
+    """``env.reset()`` and the hash of the state it starts in (one blocking call)."""
+    return env.reset(), env.state_hash()
+
+
+def _step(env: Any, action: str) -> tuple[tuple[str, float, bool, dict[str, Any]], str | None]:
+    """``env.step(action)`` and the hash of the state it leads to (None once the episode is done)."""
+    result = env.step(action)
+    return result, None if result[2] else env.state_hash()
 
 
 def _named_params(factory: Callable[..., Any]) -> set[str]:

@@ -149,6 +149,9 @@ class GridWorld:
         layout: explicit rows of ``S/F/H/G`` (one ``S``, one ``G``) instead of a drawn layout.
     """
 
+    blocking = False
+    """Pure, fast Python: ``step_wise`` calls it inline in the event loop, not in a worker thread."""
+
     def __init__(
         self,
         size: int = 4,

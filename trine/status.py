@@ -1,0 +1,115 @@
+"""``status.json``: how a run stands, written by the run and read by ``trine status``.
+
+A live run writes ``{"state": "running", "pid", "host", "started_at", "heartbeat", "step"}`` and
+refreshes ``heartbeat`` from a daemon thread every :data:`HEARTBEAT_SECONDS` (and ``step`` at every
+step); it ends with ``finished``, ``stopped`` (``stop_after_steps`` or Ctrl-C, with a ``reason``) or
+``failed`` (with the error). A run killed outright (kill -9, out of memory, a lost machine) leaves
+``running`` behind: :func:`describe` tells it from a live one by its pid (on the same host) and the
+age of its heartbeat. Every write replaces the file atomically, so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HEARTBEAT_SECONDS = 5.0
+"""How often a live run refreshes its heartbeat."""
+STALE_SECONDS = 60.0
+"""A ``running`` status whose heartbeat is older than this belongs to a dead run."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_status(run_dir: Path, state: str, **details: Any) -> None:
+    """Replace ``run_dir/status.json`` atomically with ``{"state": state, **details}``."""
+    path = Path(run_dir) / "status.json"
+    tmp = path.with_name(f".status.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"state": state, **details}, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+class Heartbeat:
+    """The status of the run in this process: ``running`` with pid, host, step and a heartbeat, until
+    :meth:`end` records how it ended. ``interval`` is the heartbeat period in seconds."""
+
+    def __init__(self, run_dir: Path, step: int, interval: float = HEARTBEAT_SECONDS):
+        self.run_dir = Path(run_dir)
+        self.step = step
+        self.interval = interval
+        self.identity = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": _now()}
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self.beat(step)
+        self._thread = threading.Thread(target=self._run, name="trine-heartbeat", daemon=True)
+        self._thread.start()
+
+    def beat(self, step: int | None = None) -> None:
+        """Record that the run is alive (at ``step`` when given)."""
+        with self._lock:
+            if self._ended.is_set():
+                return
+            self.step = self.step if step is None else step
+            write_status(self.run_dir, "running", step=self.step, heartbeat=_now(), **self.identity)
+
+    def end(self, state: str, **details: Any) -> None:
+        """Stop the heartbeat and record the final ``state`` (finished / stopped / failed)."""
+        with self._lock:
+            self._ended.set()
+            write_status(self.run_dir, state, step=self.step, ended_at=_now(), **self.identity, **details)
+
+    def _run(self) -> None:
+        while not self._ended.wait(self.interval):
+            try:
+                self.beat()
+            except OSError:  # a full or vanished disk must not kill the run from this thread
+                pass
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any]:
+    """``run_dir/status.json`` as a dict (FileNotFoundError naming the file when there is none)."""
+    path = Path(run_dir) / "status.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} does not exist; pass a run directory written by `trine run` (runs/<name>)."
+        )
+    return json.loads(path.read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def describe(status: dict[str, Any], stale_after: float = STALE_SECONDS) -> tuple[str, str]:
+    """``(state, why)``: ``running``, ``dead``, ``finished``, ``stopped`` or ``failed``, and the reason.
+
+    A ``running`` status is ``dead`` when its pid is gone (checked only on the host that wrote it) or
+    its heartbeat is older than ``stale_after`` seconds (the only check from another host).
+    """
+    state = status.get("state", "unknown")
+    if state != "running":
+        return state, status.get("reason") or status.get("error") or ""
+    pid, host = status.get("pid"), status.get("host")
+    if pid is not None and host == socket.gethostname() and not _alive(int(pid)):
+        return "dead", f"process {pid} on {host} is gone"
+    beat = status.get("heartbeat")
+    if beat is None:
+        return "dead", "no heartbeat recorded (written by an older trine, or killed at start)"
+    age = time.time() - datetime.fromisoformat(beat).timestamp()
+    if age > stale_after:
+        return "dead", f"last heartbeat {age:.0f}s ago (stale after {stale_after:.0f}s)"
+    return "running", f"pid {pid} on {host}, heartbeat {age:.0f}s ago"
