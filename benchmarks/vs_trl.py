@@ -56,9 +56,11 @@ callback clock includes its per-step log (both small next to a 0.2 s step).
    Every block runs in a fresh process (``--worker``): torch's OpenMP runtime keeps a thread team
    per thread that ever ran parallel ops, and the other side's leftover teams slowed both sides
    by 20-50% when they shared one process.
-2. Accuracy per wall-clock: each side trains for the same wall-clock budget (TRL stops when its clock
-   passes it; Trine runs ``budget / its median step time`` steps, and the seconds each side actually
-   trained are reported); both final models are evaluated by the same code (avg@8 at temperature 1
+2. Accuracy per wall-clock: each side trains for the same wall-clock time. Trine runs first, for
+   ``budget / its median step time`` steps; TRL then gets exactly the seconds Trine actually spent in
+   its GRPO steps (it stops when its clock passes them), so neither side gets more time (an earlier
+   version gave TRL the nominal budget while Trine's fixed step count overshot it by ~10%); the
+   seconds each side actually trained are reported; both final models are evaluated by the same code (avg@8 at temperature 1
    and greedy accuracy on all 100 sums), for `--seeds` independent runs (one 60 s RL run moves by
    several points from seed to seed). Reported per seed, with the mean, std, min and max of the
    difference and the number of seeds on which Trine is ahead. Target: Trine at least as accurate.
@@ -222,11 +224,14 @@ def run_trl(model: Path, steps: int, budget: float | None = None, seed: int = 0)
             self.times: list[float] = []
             self.start = self.tick = time.perf_counter()
 
+        def on_train_begin(self, args, state, control, **kw):
+            self.start = self.tick = time.perf_counter()  # the trainer's construction is not a step
+
         def on_step_end(self, args, state, control, **kw):
             now = time.perf_counter()
             self.times.append(now - self.tick)
             self.tick = now
-            if budget is not None and now - self.start >= budget:
+            if budget is not None and sum(self.times) >= budget:  # time in steps, as Trine's is counted
                 control.should_training_stop = True
 
     out = Path(tempfile.mkdtemp(prefix="trl-bench-"))
@@ -319,15 +324,16 @@ def step_times(start: Path, base: Path, rounds: int, block: int) -> tuple[list[l
 
 
 def accuracy_runs(start: Path, budget: float, seeds: int, trine_steps: int) -> list[dict[str, dict]]:
-    """One GRPO run per side and seed for ``budget`` seconds; per seed ``{side: {metric: value}}``
+    """One GRPO run per side and seed for about ``budget`` seconds (TRL: Trine's actual seconds); per seed ``{side: {metric: value}}``
     with the final model's eval metrics plus ``steps`` and ``seconds`` (time spent in GRPO steps)."""
     results = []
     for seed in range(seeds):
         per_side = {}
-        for side in ("trl", "trine"):
-            n = 10_000 if side == "trl" else trine_steps
-            times, final = in_process(side, start, n, budget=budget if side == "trl" else None, seed=seed)
-            per_side[side] = {**evaluate(final), "steps": len(times), "seconds": sum(times)}
+        times, final = in_process("trine", start, trine_steps, budget=None, seed=seed)
+        per_side["trine"] = {**evaluate(final), "steps": len(times), "seconds": sum(times)}
+        # TRL gets the seconds Trine actually trained, not the nominal budget: equal wall-clock
+        times, final = in_process("trl", start, 10_000, budget=sum(times), seed=seed)
+        per_side["trl"] = {**evaluate(final), "steps": len(times), "seconds": sum(times)}
         results.append(per_side)
     return results
 

@@ -78,9 +78,10 @@ def run(
     try:
         summary = run_stages(stages)
         code = 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # status.json says "stopped"; run the command again to resume
         code = 130
-        raise
+        typer.secho("interrupted: stopped (run the same command again to resume)", err=True)
+        raise typer.Exit(130) from None
     finally:  # threads a plugin or a hung call left behind must not keep the process alive
         exit_guard(code)
     print_summary(summary)
