@@ -147,6 +147,7 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
         total_steps=total,
         max_response_length=cfg.tasks.train.sampling.max_tokens,
         seed=cfg.seed,
+        teacher=_teacher(cfg) if "teacher_logprobs" in algorithm.loss_inputs else None,
         **t.model_dump(exclude={"save_every", "keep_checkpoints", "critic_lr", "critic_warmup_steps"}),
     )
     stage = Stage(
@@ -167,24 +168,19 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
 
 
 def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> None:
-    """Rollout engine, explorer, weight sync and buffer; with sync_offset > 0 the engine samples a
-    snapshot copy of the weights and evaluation gets its own engine over the trainer's weights."""
-    from trine.models.engine import HFEngine
-    from trine.sync import SharedWeights, StateDictCopy
+    """Rollout engine, explorer, weight sync and buffer. With ``sync.method: copy`` the engine samples
+    a snapshot copy of the weights and evaluation gets its own engine over the trainer's weights."""
+    from trine.sync import SYNC_METHODS
 
     cfg = stage.cfg
-    snapshot = cfg.mode == "sync" and cfg.sync.sync_offset > 0
-    rollout_model = _frozen_copy(model) if snapshot else model
-    stage.engine = HFEngine(
-        rollout_model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed
-    )
-    stage.sync = StateDictCopy() if snapshot else SharedWeights()
+    method = cfg.sync.resolved_method if cfg.mode == "sync" else "shared"
+    snapshot = method == "copy"
+    stage.engine = _engine(cfg, _frozen_copy(model) if snapshot else model, tokenizer)
+    stage.sync = SYNC_METHODS[method]()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
-    teacher = _teacher(cfg)
-    stage.explorer = stage.eval_explorer = _explorer(cfg, stage.engine, rollouts, teacher)
+    stage.explorer = stage.eval_explorer = _explorer(cfg, stage.engine, rollouts)
     if snapshot and stage.eval_sets:
-        engine = HFEngine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
-        stage.eval_explorer = _explorer(cfg, engine, None)
+        stage.eval_explorer = _explorer(cfg, _engine(cfg, model, tokenizer), None)
     stage.buffer = build_buffer(cfg, run_dir)
     if cfg.buffer.operators:
         from trine.buffer import build_pipeline
@@ -192,18 +188,17 @@ def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> 
         stage.operators = build_pipeline(cfg.buffer.operators)
 
 
+def _engine(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
+    """The configured rollout engine (``model.engine``) over ``model``."""
+    engine_class = registry.resolve("engine", cfg.model.engine)
+    return engine_class(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
+
+
 def build_buffer(cfg: RunConfig, run_dir: Path) -> Any:
-    """The configured storage; SQL and file storages live in the run directory by default."""
-    b = cfg.buffer
-    kwargs = {
-        **b.model_dump(exclude={"storage", "url", "get_timeout", "storage_args", "operators"}),
-        **b.storage_args,
-    }
-    if b.storage in ("sql", "sqlite"):
-        kwargs.setdefault("url", b.url or f"sqlite:///{run_dir / 'buffer.db'}")
-    elif b.storage == "file":
-        kwargs.setdefault("path", str(run_dir / "buffer.jsonl"))
-    return registry.resolve("storage", b.storage)(**kwargs)
+    """The configured storage, by the route ``trine buffer`` takes too (:func:`trine.buffer.open_buffer`)."""
+    from trine.buffer import open_buffer
+
+    return open_buffer(cfg.buffer, run_dir)
 
 
 def _teacher(cfg: RunConfig) -> Any:
@@ -216,7 +211,7 @@ def _teacher(cfg: RunConfig) -> Any:
     return teacher.requires_grad_(False)
 
 
-def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None, teacher: Any = None) -> Any:
+def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None) -> Any:
     from trine.explorer import Explorer
 
     e = cfg.explorer
@@ -227,7 +222,6 @@ def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None, teacher: Any =
         max_concurrency=e.max_concurrency,
         reward_timeout=e.reward_timeout,
         rollouts_path=rollouts,
-        teacher=teacher,
         blocking_threads=e.blocking_threads,
         max_skip_ratio=e.max_skip_ratio,
         warn_skip_ratio=e.warn_skip_ratio,

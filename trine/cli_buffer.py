@@ -1,4 +1,10 @@
-"""``trine buffer stats|head|export|import|reward RUN_DIR``: look into and feed a run's buffer."""
+"""``trine buffer stats|head|export|import|reward RUN_DIR``: look into and feed a run's buffer.
+
+Every command opens the buffer the run opened: the ``buffer`` section of the run's resolved
+``config.yaml`` through :func:`trine.buffer.open_buffer` (same storage, database, table, file). In a
+multi-stage run, ``--stage NAME`` picks the stage; by default the last stage whose buffer is
+persistent (not ``memory``), else the last stage.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +17,34 @@ import typer
 buffer_app = typer.Typer(no_args_is_help=True, help="Inspect and feed a run's experience buffer.")
 
 RUN_DIR = typer.Argument(..., help="A run directory written by `trine run`.")
+STAGE = typer.Option(
+    None,
+    "--stage",
+    help="The stage whose buffer to open (default: the last stage with a persistent buffer, else the last).",
+)
 
 
-def _rows(run_dir: Path, status: str | None = None):
+@buffer_app.callback()
+def _plugins(
+    plugin: list[Path] = typer.Option(
+        [], "--plugin", help="Python file(s) the run loaded with --plugin (e.g. a plugin storage)."
+    ),
+) -> None:
+    """Inspect and feed a run's experience buffer."""
+    from trine.registry import load_plugin
+
+    for path in plugin:
+        load_plugin(path)
+
+
+def _rows(run_dir: Path, status: str | None = None, stage: str | None = None):
     from trine.buffer.inspect import STATUSES, read_rows
 
     if status is not None and status not in STATUSES:
         raise typer.BadParameter(f"--status {status!r}; expected one of {', '.join(STATUSES)}")
     try:
-        rows = read_rows(run_dir, status)
-    except FileNotFoundError as err:
+        rows = read_rows(run_dir, status, stage)
+    except (ValueError, FileNotFoundError) as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     if rows is None:  # an in-memory buffer: what its last checkpoint kept
@@ -45,14 +69,14 @@ def memory_buffer_note(run_dir: Path, kept: int, has_checkpoint: bool) -> str:
 
 
 @buffer_app.command()
-def stats(run_dir: Path = RUN_DIR) -> None:
+def stats(run_dir: Path = RUN_DIR, stage: str = STAGE) -> None:
     """Counts by status and by policy version, rewards and lengths, a reward histogram."""
     from rich.console import Console
     from rich.table import Table
 
     from trine.buffer.inspect import STATUSES, reward_histogram
 
-    rows = _rows(run_dir)
+    rows = _rows(run_dir, stage=stage)
     console = Console()
     by_status = Counter(s for _, s in rows)
     table = Table(title=f"{run_dir}: {len(rows)} experiences")
@@ -89,14 +113,15 @@ def head(
     status: str = typer.Option(
         None, help="Only this status (pending, ready, consumed, dropped, rolled_back)."
     ),
+    stage: str = STAGE,
 ) -> None:
     """The top (or bottom) experiences by reward, decoded to text."""
     from rich.console import Console
     from rich.table import Table
 
-    rows = [(e, s) for e, s in _rows(run_dir, status) if e.reward is not None or status == "pending"]
+    rows = [(e, s) for e, s in _rows(run_dir, status, stage) if e.reward is not None or status == "pending"]
     rows.sort(key=lambda r: r[0].reward if r[0].reward is not None else 0.0, reverse=not bottom)
-    tokenizer = _tokenizer(run_dir)
+    tokenizer = _tokenizer(run_dir, stage)
     table = Table(title=f"{'bottom' if bottom else 'top'} {n} by reward", show_lines=True)
     for col in ("reward", "status", "version", "prompt", "response"):
         table.add_column(col)
@@ -116,11 +141,12 @@ def export(
     run_dir: Path = RUN_DIR,
     out: Path = typer.Argument(..., help="A .jsonl or .parquet file to write."),
     status: str = typer.Option(None, help="Only this status."),
+    stage: str = STAGE,
 ) -> None:
     """Write the run's experiences to jsonl or parquet (the format of trine.buffer.files)."""
     from trine.buffer.files import export_experiences
 
-    count = export_experiences([e for e, _ in _rows(run_dir, status)], out)
+    count = export_experiences([e for e, _ in _rows(run_dir, status, stage)], out)
     typer.echo(f"wrote {count} experiences to {out}")
 
 
@@ -128,13 +154,13 @@ def export(
 def import_(
     run_dir: Path = RUN_DIR,
     source: Path = typer.Argument(..., help="A .jsonl or .parquet file of experiences."),
+    stage: str = STAGE,
 ) -> None:
     """Add experiences from a file to the run's (SQL or file) buffer."""
     from trine.buffer.files import import_experiences
-    from trine.buffer.inspect import open_run_buffer
 
     experiences = import_experiences(source)
-    buffer = _open(run_dir, open_run_buffer)
+    buffer = _open(run_dir, stage)
     buffer.put(experiences)
     buffer.close()
     typer.echo(f"imported {len(experiences)} experiences into {run_dir}")
@@ -146,10 +172,9 @@ def reward(
     rewards: Path = typer.Argument(
         ..., help='jsonl rows {"id": ..., "reward": r} or {"task_id", "run_id", "reward"}.'
     ),
+    stage: str = STAGE,
 ) -> None:
     """Fill in pending rewards; those experiences become trainable."""
-    from trine.buffer.inspect import open_run_buffer
-
     updates: dict = {}
     for i, line in enumerate(rewards.read_text().splitlines(), start=1):
         if not line.strip():
@@ -163,32 +188,32 @@ def reward(
             )
             raise typer.Exit(2)
         updates[row["id"] if "id" in row else (row["task_id"], row["run_id"])] = float(row["reward"])
-    buffer = _open(run_dir, open_run_buffer)
+    buffer = _open(run_dir, stage)
     filled = buffer.set_rewards(updates)
     buffer.close()
     typer.echo(f"filled {filled} of {len(updates)} rewards in {run_dir}")
 
 
-def _open(run_dir: Path, opener):
+def _open(run_dir: Path, stage: str | None):
+    """The run's persistent buffer (:func:`trine.buffer.inspect.open_run_buffer`), or exit 2 saying why."""
+    from trine.buffer.inspect import open_run_buffer
+
     try:
-        return opener(run_dir)
+        return open_run_buffer(run_dir, stage)
     except (ValueError, FileNotFoundError) as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
 
 
-def _tokenizer(run_dir: Path):
-    """The run's tokenizer: from its last checkpoint, else from the model path in its config."""
-    import yaml
-
+def _tokenizer(run_dir: Path, stage: str | None):
+    """The run's tokenizer: from its last checkpoint, else from the model path of the stage's config."""
+    from trine.buffer.inspect import run_stage_config
     from trine.models import load_tokenizer
     from trine.trainer.checkpoint import list_checkpoints
 
     found = list_checkpoints(run_dir / "checkpoints")
     candidates = [found[-1]] if found else []
-    data = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    first = (data.get("stages") or [data])[0]
-    candidates.append(Path((first.get("model") or {}).get("path", "")))
+    candidates.append(Path((run_stage_config(run_dir, stage).get("model") or {}).get("path", "")))
     for path in candidates:
         try:
             return load_tokenizer(path)

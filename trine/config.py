@@ -103,9 +103,13 @@ class ModelConfig(Section):
     """``auto`` (cuda if available, else cpu), ``cpu``, ``cuda``, ``cuda:1``..."""
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory."""
+    engine: str = "hf"
+    """Rollout engine: ``hf`` (batched sampling from the local HF model, CPU or GPU) or
+    ``package.module:Class`` (see ``trine.models.protocol``)."""
 
     _paths = field_validator("path", "tokenizer_path")(_resolve_path)
     _preset = field_validator("init_preset")(lambda v: _check_name("model_preset", v))
+    _engine = field_validator("engine")(lambda v: _check_name("engine", v))
 
     @model_validator(mode="after")
     def _exists(self) -> ModelConfig:
@@ -499,6 +503,26 @@ class SyncConfig(Section):
     """Batches explored per weight version (k): weights are pushed to the explorer every k steps."""
     sync_offset: NonNegInt = 0
     """Batches the explorer runs ahead of the trainer (m); m > 0 explores from a weight snapshot."""
+    method: Literal["shared", "copy"] | None = None
+    """How weights reach the explorer: ``shared`` (the engine samples the trainer's own weights, no
+    copy) or ``copy`` (the engine samples a snapshot, refreshed from in-memory copies every
+    ``sync_interval`` steps). None: ``shared`` when ``sync_offset`` is 0, else ``copy``
+    (``SyncConfig.resolved_method``, the one place this is decided)."""
+
+    @property
+    def resolved_method(self) -> str:
+        """The weight-sync method in use: ``method``, or the default for ``sync_offset``."""
+        return self.method or ("copy" if self.sync_offset > 0 else "shared")
+
+    @model_validator(mode="after")
+    def _method_fits(self) -> SyncConfig:
+        if self.method == "shared" and self.sync_offset > 0:
+            raise ValueError(
+                f"sync.method 'shared' with sync.sync_offset={self.sync_offset}: an explorer that runs "
+                "ahead of the trainer cannot sample the weights the trainer is changing; set "
+                "sync.method: copy (or leave it unset), or sync.sync_offset: 0"
+            )
+        return self
 
 
 class EvalConfig(Section):
@@ -573,7 +597,9 @@ class RunConfig(Section):
         if self.tasks.train is None:
             raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
         problems = []
-        if self.mode == "train" and (self.sync.sync_offset or self.sync.sync_interval != 1):
+        if self.mode == "train" and (
+            self.sync.sync_offset or self.sync.sync_interval != 1 or self.sync.method is not None
+        ):
             problems.append(
                 "sync settings only apply to mode 'sync' (there is no explorer in mode 'train'); "
                 "remove them or set mode: sync"

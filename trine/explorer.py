@@ -33,6 +33,7 @@ from typing import Any
 
 from trine import registry
 from trine.blocking import BlockingPool, CallTimeout, use_pool
+from trine.models.protocol import RolloutModel
 from trine.types import Experience, Task, new_id
 
 log = logging.getLogger("trine.explorer")
@@ -75,14 +76,13 @@ class Explorer:
 
     def __init__(
         self,
-        model: Any,
+        model: RolloutModel,
         *,
         timeout: float = 600.0,
         max_retries: int = 1,
         max_concurrency: int = 256,
         reward_timeout: float = 30.0,
         rollouts_path: str | Path | None = None,
-        teacher: Any = None,
         blocking_threads: int = 32,
         max_skip_ratio: float = 0.5,
         warn_skip_ratio: float = 0.1,
@@ -93,7 +93,6 @@ class Explorer:
         self.max_concurrency = max_concurrency
         self.reward_timeout = reward_timeout
         self.rollouts_path = Path(rollouts_path) if rollouts_path else None
-        self.teacher = teacher
         self.loop = asyncio.new_event_loop()
         self._workflows: dict[tuple, Any] = {}
         self.pool = BlockingPool(blocking_threads, name="trine-blocking")
@@ -102,14 +101,56 @@ class Explorer:
         self._recent: deque[tuple[int, Counter]] = deque(maxlen=SKIP_WINDOW)
         self._examples: dict[str, str] = {}
 
-    # ------------------------------------------------------------------ public
+    # ------------------------------------------------------------------ public: blocking wrappers
     def explore(
         self, tasks: list[Task], *, batch_index: int, version: int
     ) -> tuple[list[Experience], dict[str, float]]:
-        """Run one batch of tasks; returns its experiences and ``explorer/*`` metrics."""
-        return self.explore_batches([tasks], first_index=batch_index, version=version)[0]
+        """Run one batch of tasks; returns its experiences and ``explorer/*`` metrics (blocking:
+        :meth:`explore_async` on the explorer's own event loop)."""
+        return self.loop.run_until_complete(
+            self.explore_async(tasks, batch_index=batch_index, version=version)
+        )
 
     def explore_batches(
+        self, batches: list[list[Task]], *, first_index: int, version: int
+    ) -> list[tuple[list[Experience], dict[str, float]]]:
+        """Blocking :meth:`explore_batches_async` on the explorer's own event loop."""
+        return self.loop.run_until_complete(
+            self.explore_batches_async(batches, first_index=first_index, version=version)
+        )
+
+    def evaluate(
+        self,
+        tasks: list[Task],
+        *,
+        name: str,
+        k: int,
+        greedy: bool,
+        seed: int,
+        success_threshold: float = 1.0,
+        samples: list[dict[str, Any]] | None = None,
+    ) -> dict[str, float]:
+        """Blocking :meth:`evaluate_async` on the explorer's own event loop."""
+        run = self.evaluate_async(
+            tasks,
+            name=name,
+            k=k,
+            greedy=greedy,
+            seed=seed,
+            success_threshold=success_threshold,
+            samples=samples,
+        )
+        return self.loop.run_until_complete(run)
+
+    # ------------------------------------------------------------------ public: the async core
+    async def explore_async(
+        self, tasks: list[Task], *, batch_index: int, version: int
+    ) -> tuple[list[Experience], dict[str, float]]:
+        """Run one batch of tasks in the running event loop (a server loop, an actor, or the
+        explorer's own loop); returns its experiences and ``explorer/*`` metrics."""
+        return (await self.explore_batches_async([tasks], first_index=batch_index, version=version))[0]
+
+    async def explore_batches_async(
         self, batches: list[list[Task]], *, first_index: int, version: int
     ) -> list[tuple[list[Experience], dict[str, float]]]:
         """Run several batches that use the same weights *concurrently* (one long tail instead of
@@ -118,7 +159,7 @@ class Explorer:
         start = time.perf_counter()
         flat = [task for tasks in batches for task in tasks]
         stats = [_TaskStats() for _ in flat]
-        outcomes = self.loop.run_until_complete(self._run_all(flat, stats))
+        outcomes = await self._run_all(flat, stats)
         seconds = (time.perf_counter() - start) / max(1, len(batches))
         results, offset = [], 0
         for j, tasks in enumerate(batches):
@@ -136,8 +177,6 @@ class Explorer:
                 experiences.extend(exps)
             if self.rollouts_path is not None:
                 self._dump(tasks, mine, index, version)
-            if self.teacher is not None:
-                self._score_with_teacher(experiences)
             metrics = self._metrics(experiences, mine, seconds)
             metrics["explorer/reward_timeouts"] = float(sum(s.reward_timeouts for s in my_stats))
             metrics["explorer/stuck_threads"] = float(self.pool.stuck)
@@ -176,16 +215,7 @@ class Explorer:
                 "(1.0 turns this check off)."
             )
 
-    def _score_with_teacher(self, experiences: list[Experience]) -> None:
-        """Store the teacher's logprobs of every sampled response in ``info["teacher_logprobs"]``."""
-        from trine.models.batching import response_logprobs
-
-        pairs = [(e.tokens[: e.prompt_length], e.response_tokens) for e in experiences]
-        scores = self.model.call(response_logprobs, self.teacher, pairs, pad_id=self.model.pad_id)
-        for e, logprobs in zip(experiences, scores):
-            e.info["teacher_logprobs"] = logprobs
-
-    def evaluate(
+    async def evaluate_async(
         self,
         tasks: list[Task],
         *,
@@ -198,26 +228,22 @@ class Explorer:
     ) -> dict[str, float]:
         """Greedy accuracy and avg@k / pass@k at the tasks' temperature, as ``eval/<name>/*``.
 
-        Sampling uses a generator seeded with ``seed`` so evaluation never disturbs the
-        training RNG stream (and is reproducible). When ``samples`` is a list, one row per task
+        Sampling runs inside ``model.seeded(seed)``, so evaluation never disturbs the training
+        sampling stream (and is reproducible). When ``samples`` is a list, one row per task
         (``prompt``, ``response``, ``reward``, ``answer``, ``mode``: its greedy rollout, or its first
         sampled one when ``greedy`` is off) is appended to it, e.g. for a table of eval samples.
         """
-        saved = self.model.generator.get_state()
-        self.model.generator.manual_seed(seed)
         out: dict[str, float] = {}
-        try:
+        with self.model.seeded(seed):
             if greedy:
                 g = [_eval_task(t, 1, 0.0) for t in tasks]
-                correct = self._success(g, success_threshold, samples, "greedy")
+                correct = await self._success(g, success_threshold, samples, "greedy")
                 out[f"eval/{name}/accuracy"] = statistics.fmean(c[0] for c in correct)
             if k > 0:
                 s = [_eval_task(t, k, None) for t in tasks]
-                correct = self._success(s, success_threshold, None if greedy else samples, "sampled")
+                correct = await self._success(s, success_threshold, None if greedy else samples, "sampled")
                 out[f"eval/{name}/avg@{k}"] = statistics.fmean(x for c in correct for x in c)
                 out[f"eval/{name}/pass@{k}"] = statistics.fmean(float(any(c)) for c in correct)
-        finally:
-            self.model.generator.set_state(saved)
         return out
 
     def close(self) -> None:
@@ -226,12 +252,12 @@ class Explorer:
         self.pool.close()
 
     # ------------------------------------------------------------------ internals
-    def _success(
+    async def _success(
         self, tasks: list[Task], threshold: float, samples: list | None = None, mode: str = ""
     ) -> list[list[float]]:
         """Per task, 1/0 per rollout: its reward (a multi-step rollout: its episode return) >= threshold.
         With ``samples``, each task's first rollout is appended to it as a row."""
-        outcomes = self.loop.run_until_complete(self._run_all(tasks))
+        outcomes = await self._run_all(tasks)
         if samples is not None:
             for task, outcome in zip(tasks, outcomes):
                 exps, returns = outcome[0], rollout_returns(outcome[0])

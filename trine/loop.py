@@ -95,7 +95,10 @@ def _sync_steps(st: build.Stage):
             _explore_batches(st, st.step, min(st.cfg.sync.sync_interval, st.total_steps - st.step), version)
         if not st.pending:
             return
-        yield _train_on(st)
+        metrics = _train_on(st)
+        if st.trainer.version % st.cfg.sync.sync_interval == 0:  # shared: records the version only
+            st.sync.push(st.trainer.model, st.trainer.version)
+        yield metrics
 
 
 def _offset_steps(st: build.Stage):

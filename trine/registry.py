@@ -27,7 +27,9 @@ BUILTINS: dict[str, str] = {
     "operator": "trine.buffer:OPERATORS",
     "monitor": "trine.monitor:SINKS",
     "model_preset": "trine.models.tiny:PRESETS",
+    "engine": "trine.models:ENGINES",
     "scheduler": "trine.tasks:SCHEDULERS",
+    "environment": "trine.workflows.envs:ENVIRONMENTS",
 }
 
 _extra: dict[str, dict[str, Any]] = {}
@@ -109,7 +111,8 @@ def check_arguments(
     ``given``/``given_kw`` are what the caller passes besides ``args`` (a reward gets
     ``(response, task)``, a workflow ``reward=``), ``what`` names the setting in the message
     (``"reward_args"``). Unknown names are left to :func:`check`; a callable with ``**kwargs`` accepts
-    any name, and one without a readable signature is not checked.
+    any name, and one without a readable signature is not checked. Arguments listed in the callable's
+    ``registry_args`` (``{"env": "environment"}`` on step-wise workflows) must name an entry of that kind.
     """
     if check(kind, name) is not None:
         return None
@@ -131,6 +134,10 @@ def check_arguments(
         signature.bind(*given, **given_kw, **args)
     except TypeError as err:
         return f"{what} {args!r} do not fit {kind} {name!r}{signature}: {err}; valid: {settable}"
+    for key, named_kind in getattr(fn, "registry_args", {}).items():  # e.g. a workflow's env=
+        problem = check(named_kind, args[key]) if isinstance(args.get(key), str) else None
+        if problem:
+            return f"{what}[{key!r}]: {problem}"
     return None
 
 

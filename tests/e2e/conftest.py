@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
+from tests.conftest import EXAMPLE, write_arithmetic_config
 
 
 @pytest.fixture
@@ -16,31 +16,7 @@ def arithmetic_config(tmp_path, tiny_model_dir):
     """Write an arithmetic config (GRPO by default) with ``overrides`` merged in; returns its path."""
 
     def make(overrides: dict | None = None, name: str = "run") -> Path:
-        from trine.config import merge
-
-        base = {
-            "name": name,
-            "run_dir": str(tmp_path / name),
-            "seed": 0,
-            "num_threads": 2,
-            "model": {"path": str(tiny_model_dir)},
-            "tasks": {
-                "batch_size": 4,
-                "total_steps": 6,
-                "train": {
-                    "path": str(EXAMPLE / "data" / "train.jsonl"),
-                    "repeat": 4,
-                    "sampling": {"temperature": 1.0, "max_tokens": 4},
-                },
-            },
-            "trainer": {"lr": 1e-3},
-            "eval": {"at_start": False},
-            "monitor": {"sinks": ["jsonl"], "plot": False},
-        }
-        data = merge(base, overrides or {})
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        return path
+        return write_arithmetic_config(tmp_path, tiny_model_dir, name, overrides)
 
     return make
 

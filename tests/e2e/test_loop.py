@@ -55,6 +55,18 @@ def test_sync_interval_two_reuses_weights_for_two_batches(arithmetic_config, tmp
     assert [r["buffer/staleness_max"] for r in rows] == [0, 1, 0, 1, 0, 1]
 
 
+def test_copy_sync_without_offset_samples_exactly_what_shared_weights_do(arithmetic_config, tmp_path):
+    """``sync.method: copy`` with ``sync_offset: 0`` explores from a snapshot pushed every
+    ``sync_interval`` steps: the same weights at the same moments as the colocated default."""
+    shared = arithmetic_config({"sync": {"sync_interval": 2}}, name="shared")
+    copied = arithmetic_config({"sync": {"sync_interval": 2, "method": "copy"}}, name="copied")
+    run(load_config(shared))
+    run(load_config(copied))
+    reference = _stable(read_metrics(tmp_path / "shared"))
+    assert _stable(read_metrics(tmp_path / "copied")) == reference
+    assert [r["buffer/staleness_max"] for r in reference] == [0, 1, 0, 1, 0, 1]
+
+
 def test_offset_run_resumes(arithmetic_config, tmp_path):
     over = {"sync": {"sync_offset": 1, "sync_interval": 2}, "trainer": {"save_every": 2}}
     full = arithmetic_config(over, name="ofull")

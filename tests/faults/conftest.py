@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
+from tests.conftest import write_arithmetic_config
+
+FAULT_DEFAULTS = {
+    "num_threads": 1,
+    "tasks": {"batch_size": 8, "total_steps": 2, "train": {"repeat": 2}},
+    "explorer": {"timeout": 1.0, "reward_timeout": 0.5, "max_retries": 0},
+}
 
 
 @pytest.fixture
@@ -24,32 +30,7 @@ def fault_config(tmp_path, tiny_model_dir):
     """
 
     def make(overrides: dict | None = None, name: str = "run") -> Path:
-        from trine.config import merge
-
-        base = {
-            "name": name,
-            "run_dir": str(tmp_path / name),
-            "seed": 0,
-            "num_threads": 1,
-            "model": {"path": str(tiny_model_dir)},
-            "tasks": {
-                "batch_size": 8,
-                "total_steps": 2,
-                "train": {
-                    "path": str(EXAMPLE / "data" / "train.jsonl"),
-                    "repeat": 2,
-                    "sampling": {"temperature": 1.0, "max_tokens": 4},
-                },
-            },
-            "explorer": {"timeout": 1.0, "reward_timeout": 0.5, "max_retries": 0},
-            "trainer": {"lr": 1e-3},
-            "eval": {"at_start": False},
-            "monitor": {"sinks": ["jsonl"], "plot": False},
-        }
-        data = merge(base, overrides or {})
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        return path
+        return write_arithmetic_config(tmp_path, tiny_model_dir, name, FAULT_DEFAULTS, overrides)
 
     return make
 

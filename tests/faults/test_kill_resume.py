@@ -25,7 +25,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests.e2e.conftest import EXAMPLE
+from tests.conftest import EXAMPLE
 from trine.cli import app
 from trine.config import load_config
 from trine.loop import run

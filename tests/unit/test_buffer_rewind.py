@@ -18,6 +18,7 @@ import yaml
 from trine.buffer import BufferTimeout, FileBuffer, SQLBuffer
 from trine.buffer.files import import_experiences
 from trine.buffer.inspect import read_rows
+from trine.buffer.sampling import SamplingRules
 from trine.types import Experience
 
 PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")
@@ -46,7 +47,8 @@ def reopen(request: pytest.FixtureRequest, tmp_path: Path):
     kind, table = request.param, f"t_{uuid.uuid4().hex[:10]}"
     opened: list = []
 
-    def make(**options):
+    def make(clock=None, **rules):
+        options = {"rules": SamplingRules(**rules), **({} if clock is None else {"clock": clock})}
         if kind == "file":
             buf = FileBuffer(tmp_path / "buffer.jsonl", **options)
         else:

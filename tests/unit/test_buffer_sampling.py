@@ -53,6 +53,11 @@ def ids(exps: list[Experience]) -> list[int]:
     return [e.info["i"] for e in exps]
 
 
+def storage_options(clock: Any = None, **rules: Any) -> dict[str, Any]:
+    """A storage's keyword arguments: the sampling options as one ``rules`` value (and a test clock)."""
+    return {"rules": SamplingRules(**rules), **({} if clock is None else {"clock": clock})}
+
+
 class Storages:
     """Builds (and reopens) one kind of storage with given sampling options; drops SQL tables."""
 
@@ -63,7 +68,8 @@ class Storages:
         self.opened: list[Any] = []
         request.addfinalizer(self.cleanup)
 
-    def __call__(self, **options: Any) -> Any:
+    def __call__(self, **sampling: Any) -> Any:
+        options = storage_options(**sampling)
         if self.kind == "memory":
             return MemoryBuffer(**options)
         if self.kind == "file":
@@ -311,9 +317,8 @@ def test_bad_options_name_the_value(tmp_path):
         ({"pending_action": "keep"}, "pending_action='keep'"),
     ]
     for options, message in cases:
-        for cls in (MemoryBuffer, SQLBuffer):
-            with pytest.raises(ValueError, match=message):
-                cls(**options) if cls is MemoryBuffer else cls(tmp_path / "x.db", **options)
+        with pytest.raises(ValueError, match=message):
+            SamplingRules(**options)
     with pytest.raises(ValueError, match="capacity"):
         FileBuffer(tmp_path / "x.jsonl", capacity=3)
 
@@ -329,7 +334,7 @@ def test_rules_helpers():
 
 def _reopen(make: Storages, first: Any, options: dict[str, Any]) -> Any:
     if make.kind == "memory":
-        return MemoryBuffer(**options)
+        return MemoryBuffer(**storage_options(**options))
     if make.kind == "file":
         first.close()
     return make(**options)
@@ -371,7 +376,7 @@ def test_sql_adds_columns_missing_from_an_older_table(tmp_path):
     con.execute("ALTER TABLE experiences DROP COLUMN last_get")
     con.execute("ALTER TABLE experiences DROP COLUMN expired_at")
     con.commit()
-    buf = SQLBuffer(path, sampler="priority", reuse_limit=2)
+    buf = SQLBuffer(path, rules=SamplingRules(sampler="priority", reuse_limit=2))
     assert ids(buf.get(1, timeout=0)) == [0] and ids(buf.get(1, timeout=0)) == [0]
     columns = {r[1] for r in con.execute("PRAGMA table_info(experiences)")}
     assert {"last_get", "expired_at"} <= columns

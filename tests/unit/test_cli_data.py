@@ -141,3 +141,116 @@ def test_memory_buffer_runs_say_what_they_cannot_show(tmp_path):
 def test_persistent_buffer_runs_print_no_memory_note(run_dir):
     result = runner.invoke(app, ["buffer", "stats", str(run_dir)])
     assert result.exit_code == 0 and "in memory" not in result.output
+
+
+def _stored(run_dir, buffer_section, experiences, *, table_decoy=False):
+    """Store ``experiences`` with the run's own route (open_buffer) and write its resolved config."""
+    from trine.buffer import open_buffer
+    from trine.config import BufferConfig
+
+    config = BufferConfig.model_validate(buffer_section)
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump({"stage": "main", "buffer": config.model_dump(mode="json")})
+    )
+    if table_decoy:  # a row in the default table of the same database, which is not the run's
+        decoy = SQLBuffer(f"sqlite:///{run_dir / 'buffer.db'}")
+        decoy.put(
+            [Experience(tokens=[9, 9, 9], prompt_length=2, action_mask=[1], reward=5.0, task_id="decoy")]
+        )
+        decoy.close()
+    buffer = open_buffer(config, run_dir)
+    buffer.put(experiences)
+    return buffer
+
+
+def test_buffer_commands_open_the_table_the_run_used(tmp_path):
+    """``storage_args: {table: my_table}``: stats, head, export and reward read and write my_table."""
+    exps = [
+        Experience(
+            tokens=[1, 2, 3 + i], prompt_length=2, action_mask=[1], reward=None if i == 2 else float(i),
+            task_id=f"mine{i}", run_id="r", info={"response": f"mine {i}"},
+        )
+        for i in range(3)
+    ]  # fmt: skip
+    buffer = _stored(
+        tmp_path, {"storage": "sql", "storage_args": {"table": "my_table"}}, exps, table_decoy=True
+    )
+    assert buffer.table_name == "my_table"
+    buffer.get(1)
+    buffer.close()
+
+    result = runner.invoke(app, ["buffer", "stats", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "3 experiences" in result.output
+    lines = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 3}
+    assert [lines[s].split("│")[2].strip() for s in ("consumed", "ready", "pending")] == ["1", "1", "1"]
+
+    result = runner.invoke(app, ["buffer", "head", str(tmp_path), "-n", "5"])
+    assert result.exit_code == 0, result.output
+    assert "1.000" in result.output and "5.000" not in result.output  # not the decoy's reward
+
+    out = tmp_path / "all.jsonl"
+    assert runner.invoke(app, ["buffer", "export", str(tmp_path), str(out)]).exit_code == 0
+    assert sorted(e.task_id for e in import_experiences(out)) == ["mine0", "mine1", "mine2"]
+
+    rewards = tmp_path / "rewards.jsonl"
+    rewards.write_text(json.dumps({"task_id": "mine2", "run_id": "r", "reward": 0.5}) + "\n")
+    result = runner.invoke(app, ["buffer", "reward", str(tmp_path), str(rewards)])
+    assert result.exit_code == 0 and "filled 1 of 1" in result.output, result.output
+    assert sorted(e.reward for e, _ in read_rows(tmp_path, "ready")) == [0.5, 1.0]
+
+
+def test_multi_stage_runs_open_the_last_persistent_buffer_or_the_named_stage(tmp_path):
+    exps = [Experience(tokens=[1, 2, 3], prompt_length=2, action_mask=[1], reward=1.0, task_id="t")]
+    _stored(tmp_path, {"storage": "file"}, exps).close()
+    file_stage = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    stages = [
+        {"stage": "warmup", "buffer": {"storage": "memory"}},
+        {**file_stage, "stage": "rl"},
+        {"stage": "eval_only", "buffer": {"storage": "memory"}},
+    ]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"stages": stages}))
+
+    assert [e.task_id for e, _ in read_rows(tmp_path)] == ["t"]  # the last stage with a persistent buffer
+    assert read_rows(tmp_path, stage="warmup") is None  # memory: its checkpoints only
+    result = runner.invoke(app, ["buffer", "stats", str(tmp_path), "--stage", "warmup"])
+    assert result.exit_code == 0 and "kept its buffer in memory" in result.stderr
+    result = runner.invoke(app, ["buffer", "stats", str(tmp_path), "--stage", "nope"])
+    assert result.exit_code == 2 and "has stages ['warmup', 'rl', 'eval_only']" in result.output
+
+
+def test_a_plugin_storage_is_opened_with_the_plugin_file_the_run_loaded(tmp_path, monkeypatch):
+    from trine import registry
+
+    monkeypatch.setattr(registry, "_extra", {})  # what the plugin registers is gone afterwards
+    plugin = tmp_path / "my_storage.py"
+    plugin.write_text(
+        "import trine\nfrom trine.buffer import SQLBuffer\n\n"
+        "@trine.register('storage', 'audited_sql')\nclass AuditedSQL(SQLBuffer):\n    pass\n"
+    )
+    registry.load_plugin(plugin)  # as `trine run --plugin` did
+    exps = [Experience(tokens=[1, 2, 3], prompt_length=2, action_mask=[1], reward=1.0, task_id="p")]
+    _stored(
+        tmp_path,
+        {
+            "storage": "audited_sql",
+            "url": None,
+            "storage_args": {"url": f"sqlite:///{tmp_path / 'a.db'}", "table": "audit"},
+        },
+        exps,
+    ).close()
+    monkeypatch.setattr(registry, "_extra", {})  # a fresh `trine buffer` process
+
+    result = runner.invoke(app, ["buffer", "stats", str(tmp_path)])
+    assert result.exit_code == 2 and "trine buffer --plugin FILE" in result.output
+    result = runner.invoke(app, ["buffer", "--plugin", str(plugin), "stats", str(tmp_path)])
+    assert result.exit_code == 0 and "1 experiences" in result.output, result.output
+
+
+def test_plugin_operators_of_the_run_are_not_needed_to_read_its_buffer(tmp_path):
+    exps = [Experience(tokens=[1, 2, 3], prompt_length=2, action_mask=[1], reward=1.0, task_id="t")]
+    _stored(tmp_path, {"storage": "file"}, exps).close()
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    config["buffer"]["operators"] = [{"name": "only_in_a_plugin_file"}]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert [e.task_id for e, _ in read_rows(tmp_path)] == ["t"]

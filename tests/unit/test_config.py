@@ -378,3 +378,23 @@ def test_unknown_plugin_names_point_to_plugin_files_and_import_paths(project):
     assert "--plugin" in unknown and "PYTHONPATH" in unknown and "'package.module:attr'" in unknown
     failed = _error_for(errors, "tasks.eval.0.reward")
     assert "could not be imported" in failed and "PYTHONPATH" in failed and "--plugin" in failed
+
+
+def test_engine_and_weight_sync_method_are_checked(project):
+    data = _good(project)
+    data["model"]["engine"] = "vlm"
+    data["sync"] = {"method": "shared", "sync_offset": 1}
+    _, errors = validate_dict(data, base_dir=project)
+    assert "unknown engine 'vlm'" in _error_for(errors, "model.engine")
+    assert "set sync.method: copy (or leave it unset)" in _error_for(errors, "sync")
+    data = _good(project)
+    data["sync"] = {"method": "copy"}
+    (cfg,), errors = validate_dict(data, base_dir=project)
+    assert not errors and cfg.sync.resolved_method == "copy" and cfg.model.engine == "hf"
+    data["sync"] = {"sync_offset": 2}
+    (cfg,), _ = validate_dict(data, base_dir=project)
+    assert cfg.sync.resolved_method == "copy"  # running ahead needs a snapshot
+    data = _good(project)
+    data.update(mode="train", algorithm={"name": "sft"}, sync={"method": "copy"})
+    _, errors = validate_dict(data, base_dir=project)
+    assert any("sync settings only apply to mode 'sync'" in e for e in errors), errors

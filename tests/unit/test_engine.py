@@ -183,6 +183,26 @@ def test_seeds_make_sampling_reproducible(model, tokenizer):
         e.close()
 
 
+def test_seeded_block_is_reproducible_and_leaves_the_stream_where_it_was(model, tokenizer):
+    from trine.models import ENGINES, RolloutModel
+
+    prompt = prompts(tokenizer)[1]
+    params = SamplingParams(temperature=1.0, max_tokens=8, n=4)
+
+    def sample(engine) -> list[list[int]]:
+        return [c.response_ids for c in engine.generate_batch([(prompt, params)])[0]]
+
+    plain, evaluated = HFEngine(model, tokenizer, seed=0), ENGINES["hf"](model, tokenizer, seed=0)
+    assert isinstance(evaluated, RolloutModel)
+    with evaluated.seeded(7):
+        inside = sample(evaluated)
+    with evaluated.seeded(7):
+        assert sample(evaluated) == inside  # the same seed, the same samples
+    assert sample(evaluated) == sample(plain)  # the training stream did not move
+    for e in (plain, evaluated):
+        e.close()
+
+
 def test_concurrent_chats_are_batched(model, tokenizer):
     engine = HFEngine(model, tokenizer, seed=0, max_batch_size=16)
     batches: list[int] = []

@@ -259,6 +259,33 @@ KINDS = [
 ]
 
 
+def test_the_async_core_runs_in_a_callers_event_loop_like_the_blocking_wrapper(tiny_model_dir):
+    """``explore_async`` / ``evaluate_async`` can be awaited from a loop the caller owns (a server, an
+    actor); the blocking wrappers give the same results from the same seed."""
+
+    def fresh() -> HFEngine:
+        return HFEngine(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), seed=11)
+
+    sampling = SamplingParams(temperature=1.0, max_tokens=4)
+    tasks = [task(f"t{i}", question=q, answer="5", sampling=sampling) for i, q in enumerate(["2+3=", "1+4="])]
+    blocking_engine, async_engine = fresh(), fresh()
+    blocking = Explorer(blocking_engine, timeout=10.0)
+    exps, metrics = blocking.explore(tasks, batch_index=0, version=3)
+    evals = blocking.evaluate(tasks, name="x", k=2, greedy=True, seed=5)
+
+    async def in_my_loop():
+        explorer = Explorer(async_engine, timeout=10.0)
+        got = await explorer.explore_async(tasks, batch_index=0, version=3)
+        return got, await explorer.evaluate_async(tasks, name="x", k=2, greedy=True, seed=5)
+
+    (exps2, metrics2), evals2 = asyncio.run(in_my_loop())
+    assert [e.tokens for e in exps2] == [e.tokens for e in exps] and evals2 == evals
+    assert {e.policy_version for e in exps2} == {3} and metrics2["explorer/experiences"] == len(exps)
+    blocking.close()
+    for e in (blocking_engine, async_engine):
+        e.close()
+
+
 def test_garbage_results_are_skipped_as_invalid_with_the_cause_and_metrics_stay_finite(engine, caplog):
     explorer = Explorer(engine, timeout=10.0, max_retries=0, max_skip_ratio=1.0)
     tasks = [

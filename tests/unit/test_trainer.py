@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -259,6 +260,28 @@ def test_checkpoints_ignore_tmp_dirs_and_keep_prunes_old_ones(tokenizer, tmp_pat
     assert not (root / "step_11.tmp").exists() and (root / "step_11" / "weights.pt").is_file()
     assert (root / "step_11" / "tokenizer.json").is_file()
     assert list_checkpoints(tmp_path / "nothing") == []
+
+
+def test_a_teacher_scores_the_responses_on_the_trainer_side(tiny_model_dir, tokenizer, experiences):
+    """On-policy distillation: the trainer fills ``info["teacher_logprobs"]`` (an input of the loss,
+    like ``ref_logprobs``) with the teacher's logprobs of each response, and trains on them."""
+    from trine.models.batching import response_logprobs
+
+    teacher = load_model(tiny_model_dir).requires_grad_(False)
+    exps = copy.deepcopy(experiences)
+    for e in exps:
+        e.info.pop("teacher_logprobs", None)
+    trainer = Trainer(
+        load_model(tiny_model_dir), PRESETS["distill"], pad_token_id=tokenizer.pad_token_id, teacher=teacher
+    )
+    metrics = trainer.step(exps)
+    expected = response_logprobs(
+        teacher,
+        [(e.tokens[: e.prompt_length], e.response_tokens) for e in exps],
+        pad_id=tokenizer.pad_token_id,
+    )
+    assert [e.info["teacher_logprobs"] for e in exps] == expected
+    assert trainer.version == 1 and math.isfinite(metrics["trainer/loss"])
 
 
 def test_kl_to_frozen_reference_grows_after_updates_and_pulls_back(tiny_model_dir, experiences):

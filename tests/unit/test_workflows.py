@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from trine.tasks import TaskSet
 from trine.trainer.inputs import sample_inputs
 from trine.types import Completion, SamplingParams, Task
 from trine.workflows import WORKFLOWS, GridWorldWorkflow, SingleTurnWorkflow, StepWiseWorkflow
+from trine.workflows.envs import BlockingEnvironment, Environment, environment_maker
 from trine.workflows.envs.grid_world import (
     GridWorld,
     grid_world_tasks,
@@ -274,7 +276,7 @@ def test_step_wise_hole_ends_with_zero_and_row_overrides_env_args(engine):
     exps = asyncio.run(workflow.run(grid_task(1, layout=["SF", "HG"], max_steps=4), model))
     assert [e.reward for e in exps] == [0.0] and exps[0].info["env_info"]["fell"]
     assert exps[0].info["success"] is False and exps[0].info["episode_return"] == 0.0
-    with pytest.raises(ValueError, match="not a known environment"):
+    with pytest.raises(ValueError, match="unknown environment 'frozen_pond'"):
         StepWiseWorkflow(env="frozen_pond")
     with pytest.raises(ValueError, match="always uses GridWorld"):
         GridWorldWorkflow(env="grid_world")
@@ -320,6 +322,109 @@ def test_a_blocking_environment_step_is_bounded_by_the_task_timeout(engine):
     assert elapsed < 2.0  # not the 3 s of the step
     assert metrics["explorer/skipped_timeout"] == 1.0 and metrics["explorer/stuck_threads"] == 1.0
     assert [e.task_id for e in experiences] == ["fine", "fine"]  # the loop kept serving other tasks
+
+
+# ------------------------------------------------------------------------- the environment protocol
+
+
+class Countdown:
+    """A natively async environment: count down by ``stride`` from the row's ``start`` to 0."""
+
+    def __init__(self, stride: int = 1) -> None:
+        self.stride, self.value = stride, 0
+
+    async def reset(self, task: Task) -> str:
+        self.value = int(task.raw["start"])
+        return f"at {self.value}"
+
+    async def step(self, action: str) -> tuple[str, float, bool, dict]:
+        self.value -= self.stride if "go" in action else 0
+        done = self.value <= 0
+        return f"at {self.value}", float(done), done, {"success": done}
+
+    def state_hash(self) -> str:
+        return str(self.value)
+
+
+def test_an_async_environment_registered_by_name_gets_the_task_in_reset(engine, monkeypatch):
+    monkeypatch.setattr(registry, "_extra", {k: dict(v) for k, v in registry._extra.items()})
+    registry.register("environment", "countdown")(Countdown)
+    assert isinstance(Countdown(), Environment)
+    model = ScriptedModel(engine.tokenizer, lambda obs: "go")
+    workflow = StepWiseWorkflow(env="countdown", env_args={"stride": 2})
+    exps = asyncio.run(workflow.run(grid_task(2, start=3), model))
+    assert [e.reward for e in exps] == [0.0, 1.0, 0.0, 1.0]
+    assert [e.info["env_state_hash"] for e in exps] == ["3", "1", "3", "1"]  # the states acted from
+    assert [m[-1]["content"] for m in model.prompts[:2]] == ["at 3", "at 3"]
+    assert all(e.info["success"] and e.info["episode_length"] == 2 for e in exps)
+
+
+class ThreadLog:
+    """A blocking environment that records the thread each of its calls runs in."""
+
+    calls: list[tuple[str, str]] = []
+
+    def __init__(self, size: int = 2, label: str = "env") -> None:
+        self.env, self.label = GridWorld(size=size, holes=0, max_steps=1), label
+        self.log("init")
+
+    def log(self, call: str) -> None:
+        ThreadLog.calls.append((call, threading.current_thread().name))
+
+    def reset(self) -> str:
+        self.log("reset")
+        return self.env.reset()
+
+    def step(self, action: str):
+        self.log("step")
+        return self.env.step(action)
+
+    def state_hash(self) -> str:
+        self.log("hash")
+        return f"{self.label}:{self.env.state_hash()}"
+
+
+class InlineThreadLog(ThreadLog):
+    blocking = False
+
+
+@pytest.mark.parametrize("env_class", [ThreadLog, InlineThreadLog])
+def test_the_adapter_runs_a_blocking_environment_in_worker_threads_unless_it_says_otherwise(env_class):
+    ThreadLog.calls = []
+    env = environment_maker(env_class, {"size": 5, "label": "x"})()
+    assert isinstance(env, BlockingEnvironment) and isinstance(env, Environment)
+
+    async def episode():
+        observation = await env.reset(grid_task(1, size=3, holes=1))  # the row's size overrides env_args
+        first = env.state_hash()
+        return observation, first, await env.step("right")
+
+    observation, first, (_, _, done, _) = asyncio.run(episode())
+    assert env.env is not None and env.env.env.size == 3 and first.startswith("x:") and done
+    assert [call for call, _ in ThreadLog.calls] == ["init", "reset", "hash", "step"]  # no hash once done
+    threads = {name for _, name in ThreadLog.calls}
+    if env_class is InlineThreadLog:
+        assert threads == {threading.current_thread().name}
+    else:
+        assert threading.current_thread().name not in threads
+        assert all(name.startswith("trine-blocking") for name in threads)
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.state_hash()
+
+
+def test_validate_checks_a_step_wise_environment_name(tmp_path):
+    from trine.config import validate_dict
+
+    (tmp_path / "data.jsonl").write_text('{"question": "grid", "answer": "-"}\n')
+    (tmp_path / "model").mkdir()
+    train = {"path": "data.jsonl", "workflow": "step_wise", "workflow_args": {"env": "grid_wrld"}}
+    data = {"model": {"path": "model"}, "tasks": {"train": train, "total_steps": 1}}
+    (error,) = validate_dict(data, base_dir=tmp_path)[1]
+    assert "train.workflow_args['env']: unknown environment 'grid_wrld'. Did you mean 'grid_world'?" in error
+    assert "@trine.register('environment', 'grid_wrld')" in error
+    for env in ("grid_world", f"{__name__}:SlowEnv"):
+        train["workflow_args"] = {"env": env}
+        assert validate_dict(data, base_dir=tmp_path)[1] == []
 
 
 # ---------------------------------------------------------------------------------- ReMax baseline

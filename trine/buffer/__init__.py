@@ -1,7 +1,9 @@
 """Experience storage between explorer and trainer, and the operators applied on the way in.
 
-``STORAGES`` is the explicit table of built-in storages, each a class taking plain keyword
-arguments and implementing :class:`~trine.buffer.base.Buffer`. ``OPERATORS`` is the table of
+``STORAGES`` is the explicit table of built-in storages, each a class implementing
+:class:`~trine.buffer.base.Buffer` and taking ``rules=``:class:`~trine.buffer.sampling.SamplingRules`
+plus plain keyword arguments; :func:`open_buffer` is the one route from the ``buffer`` config section
+to a storage (the run's and ``trine buffer``'s). ``OPERATORS`` is the table of
 built-in experience operators (the registry kind ``"operator"``), each a class taking plain
 keyword arguments; :func:`build_pipeline` turns specs ``{"name": ..., **args}`` into a
 :class:`Pipeline`.
@@ -12,6 +14,7 @@ from trine.buffer.data_juicer import DataJuicerOperator
 from trine.buffer.files import FileBuffer
 from trine.buffer.mappers import DiversityMapper, OverlongShaping, QualityMapper, RewardShaping
 from trine.buffer.memory import MemoryBuffer
+from trine.buffer.open import open_buffer
 from trine.buffer.operators import (
     DuplicateResponseFilter,
     InvalidRewardFilter,
@@ -21,6 +24,7 @@ from trine.buffer.operators import (
     ZeroVarianceFilter,
     build_pipeline,
 )
+from trine.buffer.sampling import SamplingRules
 from trine.buffer.sql import SQLBuffer
 
 STORAGES = {"memory": MemoryBuffer, "sql": SQLBuffer, "sqlite": SQLBuffer, "file": FileBuffer}
@@ -50,5 +54,7 @@ __all__ = [
     "Operator",
     "Pipeline",
     "SQLBuffer",
+    "SamplingRules",
     "build_pipeline",
+    "open_buffer",
 ]

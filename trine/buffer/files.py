@@ -175,7 +175,7 @@ class FileBuffer(MemoryBuffer):
     Every put, reward, hand-out, stale drop and pending expiry is appended (and flushed) before it
     takes effect, and opening an existing file replays the log, so the buffer survives restarts
     and its file can be read with :func:`import_experiences`. The in-memory state and the sampling
-    options (``**options``: ``sampler``, ``reuse_limit``, ... ``clock``) are exactly
+    options (``**options``: ``rules``, ``clock``) are exactly
     :class:`~trine.buffer.memory.MemoryBuffer`'s, without ``capacity``. Pending timeouts restart
     when the file is reopened. Thread-safe, but **single process**: two processes appending to one
     file would each hand out the same experiences; use :class:`~trine.buffer.sql.SQLBuffer` for that.

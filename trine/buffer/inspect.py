@@ -10,66 +10,111 @@ log, and in-memory buffers from the run's last checkpoint (which holds what was 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from trine.buffer.base import Buffer
+from trine.buffer.files import FileBuffer
+from trine.buffer.memory import MemoryBuffer
+from trine.buffer.open import open_buffer, storage_arguments, storage_class
+from trine.buffer.sql import SQLBuffer
 from trine.types import Experience
+
+if TYPE_CHECKING:
+    from trine.config import BufferConfig
 
 STATUSES = ("pending", "ready", "consumed", "dropped", "rolled_back")
 
 
-def run_buffer_config(run_dir: str | Path) -> dict[str, Any]:
-    """The ``buffer`` section of a run's resolved ``config.yaml`` (first stage when there are several)."""
+def run_stage_config(run_dir: str | Path, stage: str | None = None) -> dict[str, Any]:
+    """One stage of a run's resolved ``config.yaml`` (written by the run): the stage named ``stage``;
+    by default the last stage whose buffer is persistent (``buffer.storage`` other than ``memory``),
+    else the last stage. A single-stage run's config is that stage."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; pass a run directory written by `trine run`.")
     data = yaml.safe_load(path.read_text()) or {}
     stages = data.get("stages") or [data]
-    return dict(stages[0].get("buffer") or {})
+    if stage is not None:
+        names = [s.get("stage", "main") for s in stages]
+        if stage not in names:
+            raise ValueError(f"--stage {stage!r}: the run in {run_dir} has stages {names}; pass one of them.")
+        return stages[names.index(stage)]
+    persistent = [s for s in stages if (s.get("buffer") or {}).get("storage", "memory") != "memory"]
+    return (persistent or stages)[-1]
 
 
-def open_run_buffer(run_dir: str | Path) -> Any:
-    """The run's persistent buffer object (SQL or file storage), for writing rewards or importing."""
-    from trine.buffer.files import FileBuffer
-    from trine.buffer.sql import SQLBuffer
+def run_buffer_config(run_dir: str | Path, stage: str | None = None) -> BufferConfig:
+    """The validated ``buffer`` section of one stage of a run (chosen by :func:`run_stage_config`)."""
+    from pydantic import ValidationError
 
-    cfg, run_dir = run_buffer_config(run_dir), Path(run_dir)
-    storage = cfg.get("storage", "memory")
-    if storage in ("sql", "sqlite"):
-        return SQLBuffer(cfg.get("url") or f"sqlite:///{run_dir / 'buffer.db'}")
-    if storage == "file":
-        return FileBuffer(run_dir / "buffer.jsonl")
+    from trine.config import BufferConfig
+
+    section = run_stage_config(run_dir, stage).get("buffer") or {}
+    try:  # operators act on the way in, not on opening: their (maybe plugin) names need no check here
+        return BufferConfig.model_validate({**section, "operators": []})
+    except ValidationError as err:
+        raise ValueError(
+            f"the buffer section of {Path(run_dir) / 'config.yaml'} is not valid: {err}. If the run loaded "
+            "plugins, load them here too: trine buffer --plugin FILE ..."
+        ) from None
+
+
+def _in_memory(config: BufferConfig) -> bool:
+    cls = storage_class(config)
+    return issubclass(cls, MemoryBuffer) and not issubclass(cls, FileBuffer)
+
+
+def open_run_buffer(run_dir: str | Path, stage: str | None = None) -> Buffer:
+    """The run's persistent buffer, opened exactly as the run opened it (:func:`trine.buffer.open.
+    open_buffer` on its resolved config), for writing rewards or importing."""
+    config = run_buffer_config(run_dir, stage)
+    if _in_memory(config):
+        raise ValueError(
+            f"the run in {run_dir} keeps its buffer in memory (buffer.storage={config.storage!r}); rewards "
+            "and imports need a persistent storage: set buffer.storage: sql (or file) in the config."
+        )
+    return open_buffer(config, run_dir)
+
+
+def read_rows(
+    run_dir: str | Path, status: str | None = None, stage: str | None = None
+) -> list[tuple[Experience, str]] | None:
+    """Every stored experience of a run (or those with ``status``) with its status, oldest first
+    (None for an in-memory buffer, which only its checkpoints keep: see :func:`rows_from_state`).
+
+    The storage is the run's own (:func:`run_buffer_config`: same database, table and file). A file
+    log is read, not opened: opening repairs a torn last line, which a reader must not do to the log
+    of a run that is still writing it.
+    """
+    config = run_buffer_config(run_dir, stage)
+    cls = storage_class(config)
+    if issubclass(cls, FileBuffer):
+        path = Path(storage_arguments(config, run_dir).get("path", "buffer.jsonl"))
+        return [r for r in _file_rows(path) if status is None or r[1] == status]
+    if issubclass(cls, SQLBuffer):
+        buffer = open_buffer(config, run_dir)  # connects only when used: this takes its url and table
+        buffer.close()
+        return _sql_rows(buffer.url, buffer.table_name, status)
+    if issubclass(cls, MemoryBuffer):
+        return None
     raise ValueError(
-        f"the run in {run_dir} keeps its buffer in memory (buffer.storage={storage!r}); rewards and imports "
-        "need a persistent storage: set buffer.storage: sql (or file) in the config."
+        f"buffer.storage={config.storage!r} ({cls.__name__}) is not a SQL, file or memory storage; "
+        "`trine buffer` reads only those (subclasses included)."
     )
 
 
-def read_rows(run_dir: str | Path, status: str | None = None) -> list[tuple[Experience, str]] | None:
-    """Every stored experience of a run (or those with ``status``) with its status, oldest first
-    (None for an in-memory buffer, which only its checkpoints keep: see :func:`rows_from_state`)."""
-    cfg, run_dir = run_buffer_config(run_dir), Path(run_dir)
-    storage = cfg.get("storage", "memory")
-    if storage in ("sql", "sqlite"):
-        return _sql_rows(cfg.get("url") or f"sqlite:///{run_dir / 'buffer.db'}", status)
-    if storage == "file":
-        return [r for r in _file_rows(run_dir / "buffer.jsonl") if status is None or r[1] == status]
-    return None
-
-
-def _sql_rows(url: str, status: str | None = None) -> list[tuple[Experience, str]]:
+def _sql_rows(url: str, table_name: str, status: str | None = None) -> list[tuple[Experience, str]]:
     import sqlalchemy as sa
 
-    from trine.buffer.sql import SQLBuffer, normalize_url
     from trine.buffer.sql_schema import build_table, row_to_experience
 
-    SQLBuffer(url).close()  # opening it brings an older table's columns up to date
-    engine = sa.create_engine(normalize_url(url))
+    engine = sa.create_engine(url)
     try:
-        if not sa.inspect(engine).has_table("experiences"):
+        if not sa.inspect(engine).has_table(table_name):
             return []
-        table = build_table(sa.MetaData(), "experiences")
+        table = build_table(sa.MetaData(), table_name)
         query = sa.select(table).order_by(table.c.seq)
         if status == "consumed":
             query = query.where(table.c.consumed_at.is_not(None), table.c.reward_status != "dropped")

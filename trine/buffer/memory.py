@@ -47,17 +47,8 @@ class MemoryBuffer:
 
     Args:
         capacity: keep at most this many trainable experiences (the oldest are evicted).
-        sampler: ``"fifo"`` (put order, exactly once) or ``"priority"`` (replay, see below).
-        reuse_limit: times an experience may be handed out (priority sampler; 1 = no replay).
-        reuse_decay: priority lost per use: ``priority = policy_version - use_count * reuse_decay``.
-        cooldown: after a use, the number of further get calls for which it is not eligible.
-        max_staleness: with ``get(n, current_version=v)``, drop versions below ``v - max_staleness``.
-        pending_timeout: seconds a pending experience waits for its reward (None = forever).
-        pending_action: what happens then: ``"drop"`` it, or give it ``default_reward``
-            (``"default"``) and make it trainable.
-        default_reward: the reward of ``pending_action="default"``.
-        whole_groups: hand out an experience only when no member of its group is pending, and
-            keep the members of a group together.
+        rules: the sampling rules (:class:`~trine.buffer.sampling.SamplingRules`: sampler, replay,
+            staleness, pending timeout, whole groups; None = the defaults: FIFO, each once).
         clock: seconds for the pending timeout (inject a fake one in tests).
     """
 
@@ -65,22 +56,11 @@ class MemoryBuffer:
         self,
         capacity: int | None = None,
         *,
-        sampler: str = "fifo",
-        reuse_limit: int = 1,
-        reuse_decay: float = 1.0,
-        cooldown: int = 0,
-        max_staleness: int | None = None,
-        pending_timeout: float | None = None,
-        pending_action: str = "drop",
-        default_reward: float = 0.0,
-        whole_groups: bool = False,
+        rules: SamplingRules | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.capacity = capacity
-        self.rules = SamplingRules(
-            sampler, reuse_limit, reuse_decay, cooldown, max_staleness,
-            pending_timeout, pending_action, default_reward, whole_groups,
-        )  # fmt: skip
+        self.rules = SamplingRules() if rules is None else rules
         self.clock = clock
         self._ready: dict[str, _Slot] = {}
         self._pending: dict[str, _Slot] = {}

@@ -1,9 +1,9 @@
 """How a buffer hands experiences to the trainer: one set of rules for every storage.
 
 :class:`~trine.buffer.memory.MemoryBuffer` (and so :class:`~trine.buffer.files.FileBuffer`) and
-:class:`~trine.buffer.sql.SQLBuffer` take the same keyword arguments, validated into
-:class:`SamplingRules`, and apply them identically. At every ``get(n, min_version=...,
-current_version=...)``, in this order:
+:class:`~trine.buffer.sql.SQLBuffer` take one :class:`SamplingRules` (``rules=``), built from the
+``buffer`` config section by :meth:`SamplingRules.from_section`, and apply it identically. At
+every ``get(n, min_version=..., current_version=...)``, in this order:
 
 1. **Pending timeout** (also at ``metrics()``). With ``pending_timeout`` set, a pending experience
    (``reward=None``) put more than ``pending_timeout`` seconds ago (by the buffer's ``clock``)
@@ -37,8 +37,11 @@ policy_version`` over the last get's experiences, when it was given ``current_ve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from trine.config import BufferConfig
 
 T = TypeVar("T")
 
@@ -52,22 +55,41 @@ def _is_int(value: object) -> bool:
 
 @dataclass(frozen=True)
 class SamplingRules:
-    """The validated sampling options of a buffer (meanings in the module docstring)."""
+    """The validated sampling rules of a buffer, one typed value that every storage takes.
+
+    The fields are the ``buffer`` config keys of the same names (:class:`~trine.config.BufferConfig`
+    holds their user-facing docs and defaults); the order they apply in is in the module docstring.
+    """
 
     sampler: str = "fifo"
+    """``"fifo"`` (put order, each experience once) or ``"priority"`` (replay, highest priority first)."""
     reuse_limit: int = 1
+    """Hand-outs after which an experience is consumed for good (> 1 only with the priority sampler)."""
     reuse_decay: float = 1.0
+    """Priority sampler: ``priority = policy_version - use_count * reuse_decay``."""
     cooldown: int = 0
+    """Priority sampler: gets an experience sits out after each hand-out."""
     max_staleness: int | None = None
+    """Drop experiences more than this many versions behind ``current_version`` (None: keep all)."""
     pending_timeout: float | None = None
+    """Seconds (by the buffer's clock) a pending experience waits for its reward (None: forever)."""
     pending_action: str = "drop"
+    """What an expired pending experience becomes: ``"drop"`` (gone) or ``"default"`` (``default_reward``)."""
     default_reward: float = 0.0
+    """The reward of an expired pending experience with ``pending_action="default"``."""
     whole_groups: bool = False
+    """Hold back a group while any member is pending, and hand its members out together."""
 
     def __post_init__(self) -> None:
         problems = self._problems()
         if problems:
             raise ValueError(" ".join(problems))
+
+    @classmethod
+    def from_section(cls, section: BufferConfig) -> SamplingRules:
+        """The rules from an object with one attribute per field, by name (the ``buffer`` config
+        section): a field added here is read from the config key of the same name, with no list to update."""
+        return cls(**{f.name: getattr(section, f.name) for f in fields(cls)})
 
     def _problems(self) -> list[str]:
         out = []

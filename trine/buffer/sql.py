@@ -80,9 +80,8 @@ class SQLBuffer:
         table: table name; several buffers may share a database under different names.
         poll_interval: seconds between checks while ``get`` waits.
         busy_timeout: seconds SQLite waits for the write lock before "database is locked".
-        sampler, reuse_limit, reuse_decay, cooldown, max_staleness, pending_timeout,
-            pending_action, default_reward, whole_groups: the sampling options, exactly as
-            :class:`~trine.buffer.memory.MemoryBuffer`'s (see :mod:`trine.buffer.sampling`).
+        rules: the sampling rules (:class:`~trine.buffer.sampling.SamplingRules`), applied exactly
+            as :class:`~trine.buffer.memory.MemoryBuffer` applies them (None = FIFO, each once).
         clock: time of puts and of the pending timeout; unix time by default, because
             ``created_at`` is compared across processes (inject a fake one in tests).
         rewind: on ``load_state_dict`` (resuming a run), put the table back as it was at the
@@ -97,15 +96,7 @@ class SQLBuffer:
         table: str = "experiences",
         poll_interval: float = 0.05,
         busy_timeout: float = 30.0,
-        sampler: str = "fifo",
-        reuse_limit: int = 1,
-        reuse_decay: float = 1.0,
-        cooldown: int = 0,
-        max_staleness: int | None = None,
-        pending_timeout: float | None = None,
-        pending_action: str = "drop",
-        default_reward: float = 0.0,
-        whole_groups: bool = False,
+        rules: SamplingRules | None = None,
         clock: Callable[[], float] = time.time,
         rewind: bool = True,
     ) -> None:
@@ -115,10 +106,7 @@ class SQLBuffer:
         self.table_name = table
         self.poll_interval = poll_interval
         self.busy_timeout = busy_timeout
-        self.rules = SamplingRules(
-            sampler, reuse_limit, reuse_decay, cooldown, max_staleness,
-            pending_timeout, pending_action, default_reward, whole_groups,
-        )  # fmt: skip
+        self.rules = SamplingRules() if rules is None else rules
         self.clock = clock
         self.rewind = rewind
         self.last_rewind: dict[str, int] = {}

@@ -10,6 +10,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "ENGINES": "trine.models.engine",
+    "RolloutModel": "trine.models.protocol",
     "PRESETS": "trine.models.tiny",
     "init_model": "trine.models.tiny",
     "count_parameters": "trine.models.tiny",

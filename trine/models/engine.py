@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,6 +137,16 @@ class HFEngine:
         """Copy new weights into the engine's model (no-op copy when they are the same tensors)."""
         self.model.load_state_dict(state_dict)
         self.policy_version = version
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        """Sample from a stream seeded with ``seed`` inside the block; the previous stream resumes after."""
+        saved = self.generator.get_state()
+        self.generator.manual_seed(seed)
+        try:
+            yield
+        finally:
+            self.generator.set_state(saved)
 
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self.generator.get_state(), "policy_version": self.policy_version}
@@ -361,3 +372,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return ids
+
+
+ENGINES: dict[str, type] = {"hf": HFEngine}
+"""Built-in rollout engines by name (``model.engine``); see :mod:`trine.models.protocol`."""

@@ -299,9 +299,11 @@ def init_model(preset: str, out_dir: str | Path, seed: int = 0, overwrite: bool 
 
 
 def _preset(preset: str) -> dict[str, Any]:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown model preset {preset!r}; expected one of {sorted(PRESETS)}.")
-    return PRESETS[preset]
+    """The hyper-parameters of ``preset``: a built-in, one registered by a plugin
+    (``@trine.register("model_preset", name)``) or an import path (the registry's lookup)."""
+    from trine import registry
+
+    return registry.resolve("model_preset", preset)
 
 
 def _save_quietly(model, tokenizer, path: Path) -> None:

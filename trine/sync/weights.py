@@ -1,7 +1,4 @@
-"""Weight sync: how the trainer's new weights reach the explorer's rollout model.
-
-``push(model, version)`` is called by the trainer side at sync points; ``pull(engine, version)``
-by the explorer side before it explores a batch that needs ``version``.
+"""The in-process weight-sync methods (the protocol is :class:`trine.sync.base.WeightSync`).
 
 - :class:`SharedWeights`: colocated; the engine's model *is* the trainer's model, nothing moves.
 - :class:`StateDictCopy`: in-process copy into a separate explorer model (used when the explorer
@@ -15,6 +12,10 @@ import threading
 import time
 from typing import Any
 
+from torch import nn
+
+from trine.models.protocol import RolloutModel
+
 
 class SharedWeights:
     """Colocated weights: pushing only records the version."""
@@ -23,11 +24,17 @@ class SharedWeights:
         self.version = 0
         self.seconds = 0.0
 
-    def push(self, model: Any, version: int) -> None:
+    def push(self, model: nn.Module, version: int) -> None:
         self.version = version
 
-    def pull(self, engine: Any, version: int, timeout: float | None = None) -> None:
+    def pull(self, engine: RolloutModel, version: int, timeout: float | None = None) -> None:
         engine.policy_version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state.get("version", 0))
 
     def close(self) -> None:
         pass
@@ -42,7 +49,7 @@ class StateDictCopy:
         self._closed = False
         self.seconds = 0.0
 
-    def push(self, model: Any, version: int) -> None:
+    def push(self, model: nn.Module, version: int) -> None:
         start = time.perf_counter()
         state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         with self._cond:
@@ -50,7 +57,7 @@ class StateDictCopy:
             self._cond.notify_all()
         self.seconds += time.perf_counter() - start
 
-    def pull(self, engine: Any, version: int, timeout: float | None = None) -> None:
+    def pull(self, engine: RolloutModel, version: int, timeout: float | None = None) -> None:
         """Load ``version`` into ``engine`` (waiting for it); drop older versions."""
         if engine.policy_version == version:
             return

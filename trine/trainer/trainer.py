@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trine.models.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches
+from trine.models.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches, response_logprobs
 from trine.trainer.inputs import (
     SAMPLE_INPUTS,
     TOKEN_INPUTS,
@@ -76,10 +76,13 @@ class Trainer:
         entropy_metric: bool = True,
         max_response_length: int | None = None,
         seed: int = 0,
+        teacher: Any = None,
     ) -> None:
         self.model = model
         self.algorithm = algorithm
         self.ref_model = ref_model
+        self.teacher = teacher
+        """Frozen teacher model: scores every response into ``info["teacher_logprobs"]`` (distillation)."""
         self.critic = critic
         self.pad_token_id = pad_token_id
         self.grad_clip = grad_clip
@@ -118,6 +121,8 @@ class Trainer:
         start = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]  # the LR this step trains with (before scheduler.step)
         stats = _Sums()
+        if self.teacher is not None:
+            self._score_with_teacher(experiences)
         if getattr(self.algorithm, "pairwise", False):
             self._pair_updates(experiences, stats)
         else:
@@ -150,6 +155,15 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ preparing the inputs
+    def _score_with_teacher(self, experiences: list[Experience]) -> None:
+        """The teacher's logprobs of every response not scored yet, into ``info["teacher_logprobs"]``
+        (an input of the loss, like ``ref_logprobs``)."""
+        todo = [e for e in experiences if e.info.get("teacher_logprobs") is None]
+        pairs = [(e.tokens[: e.prompt_length], e.response_tokens) for e in todo]
+        scores = response_logprobs(self.teacher, pairs, pad_id=self.pad_token_id) if pairs else []
+        for e, logprobs in zip(todo, scores):
+            e.info["teacher_logprobs"] = logprobs
+
     def _prepare(
         self, exps: list[Experience], stats: _Sums
     ) -> list[tuple[list[MicroBatch], dict[str, float]]]:

@@ -5,9 +5,9 @@ A workflow is built once per (workflow, reward) pair by the explorer as
 
     experiences = await workflow.run(task, model)
 
-``model`` is a rollout model: it has ``await model.generate(prompt_ids, params)`` and
-``await model.chat(messages, params)`` returning lists of :class:`~trine.types.Completion`, and a
-``tokenizer``. ``score_fn`` is ``await score_fn(response_text, task) -> (reward, parts)``; the
+``model`` is a rollout model (:class:`trine.models.protocol.RolloutModel`): it has
+``await model.generate(prompt_ids, params)`` and ``await model.chat(messages, params)`` returning
+lists of :class:`~trine.types.Completion`, and a ``tokenizer``. ``score_fn`` is ``await score_fn(response_text, task) -> (reward, parts)``; the
 explorer builds it from the task's reward function with a timeout, so a workflow never needs to
 know which reward it is using.
 
@@ -23,20 +23,12 @@ with runnable single-turn and step-wise examples.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from trine.models.protocol import RolloutModel
 from trine.types import Completion, Experience, Task
 
 ScoreFn = Callable[[str, Task], Awaitable[tuple[float, dict[str, float]]]]
-
-
-@runtime_checkable
-class RolloutModel(Protocol):
-    tokenizer: Any
-
-    async def generate(self, prompt_ids: list[int], params: Any) -> list[Completion]: ...
-
-    async def chat(self, messages: list[dict[str, str]], params: Any) -> list[Completion]: ...
 
 
 @runtime_checkable

@@ -18,46 +18,36 @@ in ``group_id`` (one per task) as for any workflow.
 Rewards come from the environment; the task's ``reward`` function (the ``reward`` argument the
 explorer passes) is not used by this workflow.
 
-The environment's construction, ``reset``, ``step`` and ``state_hash`` may block (a simulator, a
-subprocess, a web page): they run in worker threads through :func:`trine.blocking.run_blocking`,
-so the event loop keeps serving the other tasks and the explorer's task timeout bounds them.
-An environment class that is pure, fast Python may say so with ``blocking = False`` (the grid world
-does): its calls then run inline in the event loop. That keeps sampling bit-reproducible for a
-seed: the engine batches whichever requests are waiting, so environment steps that finish in
-threads at timing-dependent moments change which requests share a batch and which random numbers
-each row draws.
+The workflow sees environments only through the async
+:class:`~trine.workflows.envs.base.Environment` protocol (``await env.reset(task)``,
+``await env.step(text)``, ``env.state_hash()``). A blocking environment class (``reset()`` without a
+task, built from keyword arguments) is run behind it by
+:class:`~trine.workflows.envs.base.BlockingEnvironment`: in worker threads bounded by the explorer's
+task timeout, or inline when the class says ``blocking = False`` (the grid world does, which keeps
+seeded sampling bit-reproducible). The workflow itself never deals with threads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from trine.blocking import run_blocking
+from trine import registry
 from trine.types import Completion, Experience, Task, new_id
 from trine.workflows.base import RolloutModel, ScoreFn, completion_experience
-from trine.workflows.envs import ENVIRONMENTS
+from trine.workflows.envs.base import EnvFactory, environment_maker
 from trine.workflows.envs.grid_world import GridWorld
 
 
-def resolve_env(env: str | Callable[..., Any]) -> Callable[..., Any]:
-    """The environment factory for ``env``: a built-in name, ``"package.module:Class"`` or a callable."""
+def resolve_env(env: str | EnvFactory) -> EnvFactory:
+    """The environment class for ``env``: a registered name (registry kind ``"environment"``),
+    ``"package.module:Class"``, or a class / callable given as is."""
     if callable(env):
         return env
-    if isinstance(env, str) and env in ENVIRONMENTS:
-        return ENVIRONMENTS[env]
-    if isinstance(env, str) and ":" in env:
-        from trine.registry import import_object
-
-        try:
-            return import_object(env)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise ValueError(f"environment {env!r} could not be imported: {err}") from err
+    if isinstance(env, str):
+        return registry.resolve("environment", env)
     raise ValueError(
-        f"env={env!r} is not a known environment; expected one of {sorted(ENVIRONMENTS)}, an import path "
-        "'package.module:Class', or a callable returning an environment."
+        f"env={env!r}; expected an environment name, an import path 'package.module:Class', or a class."
     )
 
 
@@ -66,20 +56,25 @@ class StepWiseWorkflow:
 
     Args:
         reward: the explorer's score function; unused (the environment gives the rewards).
-        env: environment name (``"grid_world"``), ``"package.module:Class"`` or a callable.
-        env_args: keyword arguments of the environment for every task; the task's row
-            (``task.raw``) overrides them for each key that names a parameter of the environment
-            (e.g. a grid-world row's ``size``, ``seed``, ``holes``, ``max_steps``).
+        env: environment name (``"grid_world"``, or one registered as kind ``"environment"``),
+            ``"package.module:Class"`` or a class (async, or blocking: see
+            :func:`~trine.workflows.envs.base.environment_maker`).
+        env_args: keyword arguments of the environment for every task; for a blocking environment
+            the task's row (``task.raw``) overrides them for each key that names a parameter of the
+            environment (e.g. a grid-world row's ``size``, ``seed``, ``holes``, ``max_steps``).
         max_steps: cap on steps per episode when neither the row nor ``env_args`` has
             ``max_steps`` (the environment may end an episode sooner).
         system_prompt: system message of every step when the task has none.
     """
 
+    registry_args: ClassVar[dict[str, str]] = {"env": "environment"}
+    """Arguments that name an entry of another registry kind (``trine validate`` checks them)."""
+
     def __init__(
         self,
         reward: ScoreFn | None = None,
         *,
-        env: str | Callable[..., Any] = "grid_world",
+        env: str | EnvFactory = "grid_world",
         env_args: dict[str, Any] | None = None,
         max_steps: int = 30,
         system_prompt: str | None = None,
@@ -87,18 +82,10 @@ class StepWiseWorkflow:
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps={max_steps!r}; expected an integer >= 1.")
         self.reward = reward
-        self.env_factory = resolve_env(env)
         self.env_args = dict(env_args or {})
+        self.new_env = environment_maker(resolve_env(env), self.env_args)
         self.max_steps = max_steps
         self.system_prompt = system_prompt
-        self._env_params = _named_params(self.env_factory)
-        self._inline = getattr(self.env_factory, "blocking", True) is False
-
-    def make_env(self, task: Task) -> Any:
-        """A fresh environment for ``task`` (``env_args`` updated with the row's matching keys)."""
-        args = dict(self.env_args)
-        args.update({k: v for k, v in task.raw.items() if k in self._env_params})
-        return self.env_factory(**args)
 
     def step_limit(self, task: Task) -> int:
         """Most steps an episode of ``task`` may take."""
@@ -111,32 +98,29 @@ class StepWiseWorkflow:
 
     async def episode(self, task: Task, model: RolloutModel, index: int = 0) -> list[Experience]:
         """Play one episode; returns its steps with the episode return filled in."""
-        env = await self._call(self.make_env, task)
-        observation, state = await self._call(_reset, env)
+        env = self.new_env()
+        observation = await env.reset(task)
+        state = env.state_hash()
         params = task.sampling.replace(n=1)
         run_id = new_id("run-")
         steps: list[Experience] = []
         env_info: dict[str, Any] = {}
         for t in range(self.step_limit(task)):
             completion = (await model.chat(self.messages(task, observation), params))[0]
-            (observation, reward, done, env_info), next_state = await self._call(_step, env, completion.text)
+            observation, reward, done, env_info = await env.step(completion.text)
             steps.append(
                 _step_experience(completion, float(reward), task, run_id, t, state, params.temperature)
             )
             steps[-1].info.update(rollout_index=index, env_info=env_info)
             if done:
                 break
-            state = next_state
+            state = env.state_hash()
         episode_return = sum(float(e.reward or 0.0) for e in steps)
         success = bool(env_info.get("success", episode_return > 0))
         for e in steps:
             e.info.update(episode_return=episode_return, success=success, episode_length=len(steps))
             e.info["last_step"] = e is steps[-1]
         return steps
-
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` inline for a ``blocking = False`` environment, else in a worker thread."""
-        return fn(*args) if self._inline else await run_blocking(fn, *args)
 
     def messages(self, task: Task, observation: str) -> list[dict[str, str]]:
         """The chat of one step: the system prompt (if any) and the observation."""
@@ -159,26 +143,6 @@ class GridWorldWorkflow(StepWiseWorkflow):
                 "use workflow 'step_wise' with env=... for another environment."
             )
         super().__init__(reward, env=GridWorld, **kwargs)
-
-
-def _reset(env: Any) -> tuple[str, str]:
-    """``env.reset()`` and the hash of the state it starts in (one blocking call)."""
-    return env.reset(), env.state_hash()
-
-
-def _step(env: Any, action: str) -> tuple[tuple[str, float, bool, dict[str, Any]], str | None]:
-    """``env.step(action)`` and the hash of the state it leads to (None once the episode is done)."""
-    result = env.step(action)
-    return result, None if result[2] else env.state_hash()
-
-
-def _named_params(factory: Callable[..., Any]) -> set[str]:
-    try:
-        parameters = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return set()
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {p.name for p in parameters if p.kind in kinds}
 
 
 def _step_experience(

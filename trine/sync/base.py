@@ -1,0 +1,54 @@
+"""The weight-sync protocol: how the trainer's new weights reach the explorer's rollout model.
+
+The trainer side calls ``push(model, version)`` at sync points (every ``sync.sync_interval`` steps);
+the explorer side calls ``pull(engine, version)`` before it explores a batch that needs ``version``.
+``state_dict()`` / ``load_state_dict()`` carry what a checkpoint needs (e.g. pushed versions not yet
+pulled), ``seconds`` the time spent moving weights (``sync/seconds``), and ``close()`` releases
+any puller that waits.
+
+Methods (``sync.method``, decided in one place: :attr:`trine.config.SyncConfig.resolved_method`):
+
+- ``shared`` (:class:`~trine.sync.weights.SharedWeights`): colocated, the engine samples the
+  trainer's own weights; nothing moves.
+- ``copy`` (:class:`~trine.sync.weights.StateDictCopy`): in-process copies into a separate explorer
+  model, for an explorer that runs ahead of the trainer.
+
+Later methods (a checkpoint directory for separate processes, torch.distributed broadcast for Ray)
+implement the same protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from torch import nn
+
+from trine.models.protocol import RolloutModel
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Moves versioned weights from the trainer's model to a rollout model."""
+
+    seconds: float
+    """Seconds spent pushing and loading weights so far."""
+
+    def push(self, model: nn.Module, version: int) -> None:
+        """Publish ``model``'s current weights as ``version`` (trainer side)."""
+        ...
+
+    def pull(self, engine: RolloutModel, version: int, timeout: float | None = None) -> None:
+        """Make ``engine`` sample ``version`` (explorer side), waiting up to ``timeout`` seconds for it."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep (e.g. versions pushed but not yet pulled)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        ...
+
+    def close(self) -> None:
+        """Wake and release any ``pull`` that waits (the run is ending)."""
+        ...
