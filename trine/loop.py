@@ -21,6 +21,7 @@ from trine import build, preflight
 from trine.config import RunConfig
 from trine.refill import pass_rates, shape_batch
 from trine.rundir import RunDir
+from trine.tasks.supervised import preference_experiences, sft_experiences
 
 EVAL_TABLE_ROWS = 8
 """Eval rollouts per taskset sent to the monitor as a table (``eval/<taskset>/samples``) at each eval."""
@@ -153,9 +154,9 @@ def _train_steps(st: build.Stage, tokenizer: Any):
         if not tasks:
             return
         if st.algorithm.pairwise:
-            yield st.train(build.preference_experiences(tasks, tokenizer, ts.chosen_key, ts.rejected_key))
+            yield st.train(preference_experiences(tasks, tokenizer, ts.chosen_key, ts.rejected_key))
         else:
-            yield st.train(build.sft_experiences(tasks, tokenizer, ts.response_key))
+            yield st.train(sft_experiences(tasks, tokenizer, ts.response_key))
 
 
 def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> bool:
@@ -170,13 +171,35 @@ def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> b
     for experiences, _ in results:  # pass rates back to the scheduler (curricula use them)
         st.scheduler.feedback(*pass_rates(experiences, st.cfg.eval.success_threshold))
     for j, (experiences, metrics) in enumerate(results):
-        experiences = shape_batch(st, experiences, metrics, first + j, version)
+        experiences = _shape(st, experiences, metrics, first + j, version)
         if st.operators is not None:
             experiences, op_metrics = st.operators(experiences, step=first + j)
             metrics.update(op_metrics)
         st.buffer.put(experiences)
         st.pending.append((first + j, len(experiences), metrics))
     return len(batches) == count
+
+
+def _shape(st: build.Stage, experiences: list, metrics: dict[str, float], index: int, version: int) -> list:
+    """:func:`trine.refill.shape_batch` with the stage's settings; refills draw tasks from the
+    scheduler and explore them with the batch's version."""
+
+    def draw_more(n: int) -> list | None:
+        tasks = st.scheduler.next_batch(n)
+        return st.explorer.explore(tasks, batch_index=index, version=version)[0] if tasks else None
+
+    a = st.algorithm
+    return shape_batch(
+        experiences,
+        metrics,
+        max_tokens=st.cfg.tasks.train.sampling.max_tokens,
+        batch_size=st.cfg.tasks.batch_size,
+        draw_more=draw_more,
+        dynamic_sampling=a.dynamic_sampling,
+        max_extra_draws=a.max_extra_draws,
+        overlong_buffer=a.overlong_buffer,
+        overlong_penalty=a.overlong_penalty,
+    )
 
 
 def _train_on(st: build.Stage) -> dict[str, float]:
@@ -188,7 +211,7 @@ def _train_on(st: build.Stage) -> dict[str, float]:
     st.pending.pop(0)
     if st.expert is not None:  # MIX: expert rows ride along with the rollouts
         tasks = st.expert.next_batch(max(1, round(st.algorithm.expert_ratio * len(experiences))))
-        experiences = experiences + build.sft_experiences(
+        experiences = experiences + sft_experiences(
             tasks, st.engine.tokenizer, st.cfg.tasks.expert.response_key
         )
     metrics = {

@@ -10,32 +10,49 @@ weights version) until the batch holds ``tasks.batch_size`` informative groups, 
 
 from __future__ import annotations
 
-from trine.build import Stage
+from collections.abc import Callable
+
+from trine.types import Experience
 
 
-def shape_batch(st: Stage, exps: list, metrics: dict, index: int, version: int) -> list:
+def shape_batch(
+    exps: list[Experience],
+    metrics: dict[str, float],
+    *,
+    max_tokens: int,
+    batch_size: int,
+    draw_more: Callable[[int], list[Experience] | None],
+    dynamic_sampling: bool = False,
+    max_extra_draws: int = 4,
+    overlong_buffer: float = 0,
+    overlong_penalty: float = 1.0,
+) -> list[Experience]:
     """The algorithm's operators between explorer and buffer: DAPO overlong shaping and dynamic
-    sampling (drop zero-variance groups, draw more tasks until the batch is full)."""
+    sampling (drop zero-variance groups, draw more tasks until the batch is full).
+
+    ``exps`` is one explored batch and ``metrics`` its explorer metrics (``dapo/*`` are added to it
+    when ``dynamic_sampling`` is on). ``max_tokens`` is the sampling limit the overlong penalty is
+    measured against, ``batch_size`` the number of informative groups wanted, and the other keywords
+    are the algorithm's rollout-side settings (:data:`trine.algorithms.presets.EXPLORER_FIELDS`).
+    ``draw_more(n)`` draws ``n`` more tasks and explores them with the batch's weights version,
+    returning their experiences, or None when the task scheduler has none left.
+    """
     from trine.buffer.operators import overlong_shaping, zero_variance_filter
 
-    algo, max_tokens = st.algorithm, st.cfg.tasks.train.sampling.max_tokens
-    buffer = (
-        algo.overlong_buffer if algo.overlong_buffer >= 1 else max(1, int(algo.overlong_buffer * max_tokens))
-    )
-    if algo.overlong_buffer:
-        exps, _ = overlong_shaping(exps, max_tokens, buffer, algo.overlong_penalty)
-    if not algo.dynamic_sampling:
+    buffer = overlong_buffer if overlong_buffer >= 1 else max(1, int(overlong_buffer * max_tokens))
+    if overlong_buffer:
+        exps, _ = overlong_shaping(exps, max_tokens, buffer, overlong_penalty)
+    if not dynamic_sampling:
         return exps
     exps, counts = zero_variance_filter(exps)
-    draws, want = 0, st.cfg.tasks.batch_size
-    while counts["kept_groups"] < want and draws < algo.max_extra_draws:
-        tasks = st.scheduler.next_batch(int(want - counts["kept_groups"]))
-        if not tasks:
+    draws = 0
+    while counts["kept_groups"] < batch_size and draws < max_extra_draws:
+        more = draw_more(int(batch_size - counts["kept_groups"]))
+        if more is None:
             break
         draws += 1
-        more, _ = st.explorer.explore(tasks, batch_index=index, version=version)
-        if algo.overlong_buffer:
-            more, _ = overlong_shaping(more, max_tokens, buffer, algo.overlong_penalty)
+        if overlong_buffer:
+            more, _ = overlong_shaping(more, max_tokens, buffer, overlong_penalty)
         more, extra = zero_variance_filter(more)
         exps += more
         counts = {k: counts[k] + extra[k] for k in counts}

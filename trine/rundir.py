@@ -2,7 +2,8 @@
 
 ``RunDir.open(stages)`` prepares ``runs/<name>/`` (or continues it), loads the policy (from the
 last checkpoint when resuming) and the monitor; ``save``/``restore`` checkpoint and restore a
-stage; ``finish``/``interrupted``/``fail`` record how the run ended in ``status.json`` (see
+stage (:func:`stage_state` / :func:`restore_stage`: what a checkpoint holds besides the weights);
+``finish``/``interrupted``/``fail`` record how the run ended in ``status.json`` (see
 :mod:`trine.status`: pid, host and a heartbeat while it runs) so that a directory whose run failed
 or died says so.
 
@@ -103,7 +104,7 @@ class RunDir:
         from trine.trainer.checkpoint import set_rng_state
 
         if self.state and index == self.state["stage_index"]:
-            build.restore_stage(stage, self.state, self.trainer_state, self.checkpoint)
+            restore_stage(stage, self.state, self.trainer_state, self.checkpoint)
             set_rng_state(self.state["rng"])
 
     def beat(self) -> None:
@@ -119,7 +120,7 @@ class RunDir:
         trainer = stage.trainer
         with stage.gate:  # the explorer appends rollouts under the gate: the sizes match the state
             state = {
-                **build.stage_state(stage),
+                **stage_state(stage),
                 "stage_index": index,
                 "global_step": self.step,
                 "stage_done": done,
@@ -169,6 +170,50 @@ class RunDir:
         if self.heartbeat is not None:
             self.heartbeat.step = self.step
             self.heartbeat.end(state, **details)
+
+
+def stage_state(stage: build.Stage) -> dict[str, Any]:
+    """What a checkpoint needs besides weights and trainer state (call with ``stage.gate`` held)."""
+    state: dict[str, Any] = {
+        "stage_step": stage.step,
+        "scheduler": stage.scheduler.state_dict(),
+        "pending": list(stage.pending),
+    }
+    if stage.engine is not None:
+        state["buffer"] = stage.buffer.state_dict()
+        state["engine"] = stage.engine.state_dict()
+        if stage.engine.model is not stage.trainer.model:  # a snapshot: keep its weights and pushed versions
+            state["engine_weights"] = {
+                k: v.detach().cpu().clone() for k, v in stage.engine.model.state_dict().items()
+            }
+            state["sync"] = stage.sync.state_dict()
+    return state
+
+
+def restore_stage(
+    stage: build.Stage, state: dict[str, Any], trainer_state: dict[str, Any], path: Path
+) -> None:
+    """Put a freshly built stage back where the checkpoint at ``path`` left it."""
+    stage.trainer.load_state_dict(trainer_state)
+    if (
+        stage.trainer.ref_model is not None
+    ):  # the reference is the stage's starting weights, not the checkpoint's
+        from safetensors.torch import load_file
+
+        stage.trainer.ref_model.load_state_dict(
+            load_file(str(Path(path) / "ref_model" / "model.safetensors")), strict=False
+        )
+    stage.step = state["stage_step"]
+    stage.scheduler.load_state_dict(state["scheduler"])
+    stage.pending = list(state["pending"])
+    if stage.engine is not None:
+        stage.buffer.load_state_dict(state["buffer"])
+        stage.engine.load_state_dict(state["engine"])
+        if "engine_weights" in state:
+            stage.engine.model.load_state_dict(state["engine_weights"])
+            stage.sync.load_state_dict(state["sync"])
+        else:
+            stage.engine.policy_version = stage.trainer.version
 
 
 def _resolved_config(stages: list[RunConfig], path: Path) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from trine.algorithms import (
     kl_penalty,
     masked_mean,
     ppo_clip_loss,
+    resolve_advantage,
+    resolve_loss,
     sft_loss,
     step_normalizer,
 )
@@ -72,10 +74,11 @@ def test_builtin_tables_and_presets_resolve():
     assert ADVANTAGES["grpo"] is grpo_advantages
     assert LOSSES["ppo_clip"] is ppo_clip_loss and LOSSES["sft"] is sft_loss
     grpo = PRESETS["grpo"]
-    assert grpo.advantage_fn is grpo_advantages and grpo.loss_fn is ppo_clip_loss and not grpo.needs_ref
+    assert resolve_advantage(grpo) is grpo_advantages and resolve_loss(grpo) is ppo_clip_loss
+    assert not grpo.needs_ref
     tuned = grpo.with_overrides(loss_args={"clip_high": 0.28}, kl_coef=0.1, entropy_coef=None)
     assert tuned.loss_args == {"clip_low": 0.2, "clip_high": 0.28} and tuned.needs_ref
-    assert PRESETS["sft"].advantage_fn is None
+    assert resolve_advantage(PRESETS["sft"]) is None
     with pytest.raises(ValueError, match="unknown algorithm field"):
         grpo.with_overrides(clip=0.1)
 

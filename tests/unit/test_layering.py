@@ -48,12 +48,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The explorer scores each experience through the reward contract. Goes when the contract is
     # handed to the explorer by the wiring (or moves to a base module).
     ("trine.explorer", "trine.rewards"): "explorer calls rewards.evaluate_reward",
-    # The DAPO refill takes the whole build.Stage bag. Goes with the roles refactor (issue 10 items 1
-    # and 3: refill/shaping move to the explorer side with plain arguments).
-    ("trine.refill", "trine.build"): "refill takes build.Stage; goes with the roles refactor",
-    # RunDir loads the policy, restores and saves a build.Stage. Goes with issue 10 item 3 (checkpoint
-    # state to the run directory code, model loading into build).
-    ("trine.rundir", "trine.build"): "rundir saves/restores build.Stage and loads the policy; item 3",
+    # RunDir types its checkpoint state (stage_state / restore_stage) on build.Stage and calls
+    # build.load_policy / build.set_threads. Goes with the roles refactor (roles replace Stage) and
+    # model loading handed to it by the wiring.
+    ("trine.rundir", "trine.build"): "rundir saves/restores build.Stage and loads the policy; roles refactor",
 }
 
 

@@ -369,3 +369,21 @@ def test_fused_adamw_option_tracks_the_unfused_update(tiny_model_dir, tokenizer,
     moved = _max_diff(_state(fused.model), _state(load_model(tiny_model_dir)))
     assert moved > 1e-4
     assert _max_diff(_state(fused.model), _state(plain.model)) < 1e-5  # same rule, other rounding
+
+
+def test_the_trainer_reads_none_of_the_explorer_side_flags():
+    """Dynamic sampling, overlong shaping, expert rows and rollout arguments are the explorer side's:
+    no module of ``trine/trainer`` names those fields of the algorithm record."""
+    import ast
+    from pathlib import Path
+
+    import trine.trainer
+    from trine.algorithms import EXPLORER_FIELDS
+
+    found = []
+    for path in sorted(Path(trine.trainer.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "value", None)
+            if isinstance(name, str) and name in EXPLORER_FIELDS:
+                found.append(f"{path.name}:{node.lineno} {name}")
+    assert not found, f"the trainer branches on explorer-side algorithm fields: {found}"

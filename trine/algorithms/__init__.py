@@ -1,6 +1,8 @@
 """Advantages, losses, KL, entropy and aggregation as pure functions; algorithm presets.
 
-``ADVANTAGES`` and ``LOSSES`` are the explicit tables of built-ins looked up by name.
+A library of pure math under the trainer, which imports it directly. ``ADVANTAGES`` and ``LOSSES`` are
+the explicit tables of built-ins looked up by name; an :class:`Algorithm` record names one of each,
+resolved by :func:`resolve_advantage` / :func:`resolve_loss`.
 """
 
 from trine.algorithms.advantages import (
@@ -16,6 +18,7 @@ from trine.algorithms.advantages_multistep import gigpo_advantages, step_wise_gr
 from trine.algorithms.advantages_token import (
     gae,
     gae_advantages,
+    outcome_token_rewards,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
 )
@@ -51,7 +54,15 @@ from trine.algorithms.losses_offpolicy import (
     opmd_pairwise_loss,
     sequence_logps,
 )
-from trine.algorithms.presets import PRESETS, Algorithm
+from trine.algorithms.presets import (
+    EXPLORER_FIELDS,
+    PRESETS,
+    AdvantageFn,
+    Algorithm,
+    LossFn,
+    resolve_advantage,
+    resolve_loss,
+)
 
 ADVANTAGES = {
     "grpo": grpo_advantages,
@@ -87,10 +98,13 @@ __all__ = [
     "ADVANTAGES",
     "ADVANTAGE_INPUTS",
     "AGG_MODES",
+    "AdvantageFn",
     "Algorithm",
+    "EXPLORER_FIELDS",
     "KL_ESTIMATORS",
     "LOSSES",
     "LOSS_INPUTS",
+    "LossFn",
     "PRESETS",
     "adaptive_kl_coef",
     "aggregate",
@@ -117,11 +131,14 @@ __all__ = [
     "opmd_kimi_loss",
     "opmd_loss",
     "opmd_pairwise_loss",
+    "outcome_token_rewards",
     "pg_loss",
     "ppo_clip_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "remax_advantages",
+    "resolve_advantage",
+    "resolve_loss",
     "rloo_advantages",
     "sapo_loss",
     "sequence_logps",

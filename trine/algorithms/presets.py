@@ -8,31 +8,51 @@ A config picks a preset with ``algorithm.name`` and may override any field; a us
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from torch import Tensor
+
 from trine import registry
-from trine.algorithms.advantages_token import gae, outcome_token_rewards
-from trine.algorithms.aggregation import aggregate, split_normalizer, step_normalizer
 from trine.algorithms.inputs import ADVANTAGE_INPUTS, LOSS_INPUTS, check_args, needed_inputs
-from trine.algorithms.kl import adaptive_kl_coef, entropy_bonus, entropy_from_logits, kl_in_reward, kl_penalty
-from trine.algorithms.losses_extra import value_loss
-from trine.algorithms.losses_offpolicy import sequence_logps
+
+EXPLORER_FIELDS = (
+    "rollout_args",
+    "dynamic_sampling",
+    "max_extra_draws",
+    "overlong_buffer",
+    "overlong_penalty",
+    "expert_ratio",
+)
+"""The record's fields that the explorer side reads (what to sample, how to shape and refill a batch,
+which rows to add); the trainer reads none of them (tests/unit/test_trainer.py checks)."""
 
 
 @dataclass(frozen=True)
 class Algorithm:
+    """An algorithm as data: the *names* of its advantage and loss functions (resolved by
+    :func:`resolve_advantage` / :func:`resolve_loss`), their default arguments, the KL / entropy
+    settings, and what it needs from the rest of the loop. The trainer reads the math settings and
+    imports the fixed helpers (KL, entropy, aggregation, critic loss) from ``trine.algorithms``
+    itself; the explorer side reads :data:`EXPLORER_FIELDS`."""
+
     name: str
+    """The name configs use (``algorithm.name``)."""
     loss: str
     """Key of ``trine.algorithms.LOSSES`` or an import path."""
     advantage: str | None = None
     """Key of ``trine.algorithms.ADVANTAGES`` or an import path; None for supervised losses."""
     advantage_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the advantage function."""
     loss_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the loss function."""
     loss_agg: str = "token-mean"
+    """Loss aggregation, one of ``AGG_MODES``; normalized over the whole step."""
     kl_coef: float = 0.0
     """Coefficient of the KL-to-reference loss term; > 0 loads a frozen reference model."""
     kl_estimator: str = "k3"
+    """KL estimator, one of ``KL_ESTIMATORS``."""
     kl_mode: str = "loss"
     """``loss``: a KL term in the loss; ``reward``: a per-token penalty subtracted from the rewards."""
     kl_target: float | None = None
@@ -42,6 +62,7 @@ class Algorithm:
     entropy_coef: float = 0.0
     """Coefficient of an entropy bonus (subtracted from the loss)."""
     needs_critic: bool = False
+    """Train a critic (value model) beside the policy (PPO)."""
     critic_args: dict[str, Any] = field(default_factory=dict)
     """Arguments of the critic's value loss (e.g. ``clip_eps``)."""
     pairwise: bool = False
@@ -62,86 +83,30 @@ class Algorithm:
     from_rollouts: bool = True
     """True: trains on explorer rollouts. False: trains from a dataset (``train`` mode)."""
     paper: str = ""
+    """Where the algorithm comes from (shown in ``docs/algorithms.md``)."""
 
     @property
     def needs_ref(self) -> bool:
         """A frozen reference model is needed: a KL term, a reference-based loss, or pairs (DPO)."""
         return self.kl_coef > 0 or self.pairwise or "ref_logprobs" in self.loss_inputs
 
-    # The functions the trainer calls, resolved by name (the trainer never imports this package).
-    @property
-    def advantage_fn(self) -> Any:
-        return None if self.advantage is None else registry.resolve("advantage", self.advantage)
-
-    @property
-    def loss_fn(self) -> Any:
-        return registry.resolve("loss", self.loss)
-
-    @property
-    def kl_fn(self) -> Any:
-        return kl_penalty
-
-    @property
-    def entropy_fn(self) -> Any:
-        return entropy_from_logits
-
-    @property
-    def normalizer_fn(self) -> Any:
-        return step_normalizer
-
-    @property
-    def aggregate_fn(self) -> Any:
-        return aggregate
-
-    @property
-    def kl_in_reward_fn(self) -> Any:
-        return kl_in_reward
-
-    @property
-    def adaptive_kl_fn(self) -> Any:
-        return adaptive_kl_coef
-
-    @property
-    def outcome_token_rewards_fn(self) -> Any:
-        return outcome_token_rewards
-
-    @property
-    def split_normalizer_fn(self) -> Any:
-        return split_normalizer
-
-    @property
-    def entropy_bonus_fn(self) -> Any:
-        return entropy_bonus
-
-    @property
-    def returns_fn(self) -> Any:
-        """``(token_rewards, values, action_mask, gamma, lam) -> (advantages, returns)``: GAE targets of the critic."""
-        return gae
-
-    @property
-    def value_loss_fn(self) -> Any:
-        return value_loss
-
-    @property
-    def sequence_logps_fn(self) -> Any:
-        return sequence_logps
-
     @property
     def advantage_inputs(self) -> tuple[str, ...]:
         """Batch inputs the advantage function reads (names from ``ADVANTAGE_INPUTS``)."""
-        fn = self.advantage_fn
+        fn = resolve_advantage(self)
         return () if fn is None else needed_inputs(fn, ADVANTAGE_INPUTS)
 
     @property
     def loss_inputs(self) -> tuple[str, ...]:
         """Batch inputs the loss function reads (names from ``LOSS_INPUTS``)."""
-        return needed_inputs(self.loss_fn, LOSS_INPUTS)
+        return needed_inputs(resolve_loss(self), LOSS_INPUTS)
 
     def check_args(self) -> None:
         """Raise if ``advantage_args``/``loss_args`` name an argument the functions do not take."""
-        if self.advantage is not None:
-            check_args(self.advantage_fn, self.advantage_args, ADVANTAGE_INPUTS, "algorithm.advantage_args")
-        check_args(self.loss_fn, self.loss_args, LOSS_INPUTS, "algorithm.loss_args")
+        advantage_fn = resolve_advantage(self)
+        if advantage_fn is not None:
+            check_args(advantage_fn, self.advantage_args, ADVANTAGE_INPUTS, "algorithm.advantage_args")
+        check_args(resolve_loss(self), self.loss_args, LOSS_INPUTS, "algorithm.loss_args")
 
     def with_overrides(self, **overrides: Any) -> Algorithm:
         """A copy with the given fields replaced (None values are ignored; dict args are merged)."""
@@ -156,6 +121,23 @@ class Algorithm:
             base = getattr(self, args_key) if same else {}
             changes[args_key] = {**base, **changes.get(args_key, {})}
         return replace(self, **changes)
+
+
+AdvantageFn = Callable[..., tuple[Tensor, dict[str, float]]]
+"""``(rewards, group_ids, **inputs, **advantage_args) -> (advantages, stats)`` (see :mod:`.inputs`)."""
+LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+"""``(logprobs=..., old_logprobs=..., ..., **loss_args) -> (loss, stats)`` (see :mod:`.inputs`)."""
+
+
+def resolve_advantage(algo: Algorithm) -> AdvantageFn | None:
+    """The advantage function ``algo.advantage`` names (a built-in, a plugin or an import path);
+    None for algorithms without advantages (supervised and pairwise losses)."""
+    return None if algo.advantage is None else registry.resolve("advantage", algo.advantage)
+
+
+def resolve_loss(algo: Algorithm) -> LossFn:
+    """The loss function ``algo.loss`` names (a built-in, a plugin or an import path)."""
+    return registry.resolve("loss", algo.loss)
 
 
 def _preset(name: str, advantage: str | None, loss: str, paper: str, **fields_: Any) -> Algorithm:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trine.algorithms import LossFn
 from trine.models.batching import MicroBatch
 
 
@@ -73,7 +74,7 @@ class Critic:
     def update(
         self,
         batches: list[MicroBatch],
-        loss_fn: Any,
+        loss_fn: LossFn,
         normalizer: float,
         agg_mode: str,
         loss_args: dict[str, Any],

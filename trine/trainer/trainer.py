@@ -7,9 +7,11 @@ optimizer steps (repeated ``update_epochs`` times), each split into token-budget
 losses are normalized over the whole optimizer step (so the gradient does not depend on the split),
 updates the critic when there is one, and returns one flat dict of ``trainer/*`` metrics.
 
-The algorithm is a record exposing ``advantage_fn``, ``loss_fn`` and the helper functions
-(``kl_fn``, ``entropy_fn``, ``normalizer_fn``, ...) with their settings; the trainer never imports
-the algorithm package. Preference pairs (DPO) take :meth:`Trainer._pair_updates`.
+The algorithm is a record (:class:`trine.algorithms.Algorithm`): the names of its advantage and
+loss functions, resolved once when the Trainer is built, and their settings. The fixed math (KL,
+entropy, aggregation, normalizers, GAE returns, the critic's value loss) is imported from
+``trine.algorithms``, the pure-math library under the trainer. Preference pairs (DPO) take
+:meth:`Trainer._pair_updates`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trine.algorithms import (
+    Algorithm,
+    adaptive_kl_coef,
+    aggregate,
+    entropy_bonus,
+    entropy_from_logits,
+    gae,
+    kl_in_reward,
+    kl_penalty,
+    outcome_token_rewards,
+    resolve_advantage,
+    resolve_loss,
+    sequence_logps,
+    split_normalizer,
+    step_normalizer,
+    value_loss,
+)
 from trine.models.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches, response_logprobs
 from trine.trainer.inputs import (
     SAMPLE_INPUTS,
@@ -54,7 +73,7 @@ class Trainer:
     def __init__(
         self,
         model: Any,
-        algorithm: Any,
+        algorithm: Algorithm,
         *,
         pad_token_id: int,
         ref_model: Any = None,
@@ -80,6 +99,14 @@ class Trainer:
     ) -> None:
         self.model = model
         self.algorithm = algorithm
+        self.advantage_fn = resolve_advantage(algorithm)
+        """The algorithm's advantage function (None for supervised and pairwise losses)."""
+        self.loss_fn = resolve_loss(algorithm)
+        """The algorithm's loss function."""
+        self.advantage_inputs = algorithm.advantage_inputs
+        """Batch inputs the advantage function reads."""
+        self.loss_inputs = algorithm.loss_inputs
+        """Batch inputs the loss function reads."""
         self.ref_model = ref_model
         self.teacher = teacher
         """Frozen teacher model: scores every response into ``info["teacher_logprobs"]`` (distillation)."""
@@ -123,7 +150,7 @@ class Trainer:
         stats = _Sums()
         if self.teacher is not None:
             self._score_with_teacher(experiences)
-        if getattr(self.algorithm, "pairwise", False):
+        if self.algorithm.pairwise:
             self._pair_updates(experiences, stats)
         else:
             minis = self._prepare(experiences, stats)
@@ -136,7 +163,7 @@ class Trainer:
                         a = self.algorithm
                         stats.add_step(
                             self.critic.update(
-                                batches, a.value_loss_fn, norms["normalizer"], a.loss_agg, a.critic_args
+                                batches, value_loss, norms["normalizer"], a.loss_agg, a.critic_args
                             )
                         )
         self.version += 1
@@ -172,8 +199,8 @@ class Trainer:
         width = max(e.response_length for e in exps)
         minis = self._plan(exps)
         batches = [b for mbs, _ in minis for b in mbs]
-        adv_names = set(algo.advantage_inputs)
-        loss_names = set(algo.loss_inputs) - set(STANDARD_LOSS_INPUTS)
+        adv_names = set(self.advantage_inputs)
+        loss_names = set(self.loss_inputs) - set(STANDARD_LOSS_INPUTS)
         step: dict[str, Tensor] = sample_inputs(
             exps, tuple(n for n in SAMPLE_INPUTS if n in adv_names | loss_names)
         )
@@ -222,7 +249,7 @@ class Trainer:
 
     def _advantages(self, exps: list[Experience], step: dict[str, Tensor], stats: _Sums) -> Tensor | None:
         algo = self.algorithm
-        fn = algo.advantage_fn
+        fn = self.advantage_fn
         if fn is None:
             return None
         missing = [e.id for e in exps if e.reward is None]
@@ -233,17 +260,15 @@ class Trainer:
             )
         base = sample_inputs(exps, ("rewards", "group_ids"))
         base["rewards"] = step.get("shaped_rewards", base["rewards"])
-        extra = {k: step[k] for k in algo.advantage_inputs if k in step and k not in base}
+        extra = {k: step[k] for k in self.advantage_inputs if k in step and k not in base}
         adv, adv_stats = fn(base["rewards"], base["group_ids"], **extra, **algo.advantage_args)
         stats.add_once(adv_stats)
         if self.critic is not None:
             token_rewards = step.get("token_rewards")
             if token_rewards is None:
-                token_rewards = algo.outcome_token_rewards_fn(base["rewards"], step["action_mask"]).float()
+                token_rewards = outcome_token_rewards(base["rewards"], step["action_mask"]).float()
             gamma, lam = algo.advantage_args.get("gamma", 1.0), algo.advantage_args.get("lam", 1.0)
-            _, step["returns"] = algo.returns_fn(
-                token_rewards, step["values"], step["action_mask"], gamma, lam
-            )
+            _, step["returns"] = gae(token_rewards, step["values"], step["action_mask"], gamma, lam)
         return adv.float()
 
     def _kl_into_rewards(
@@ -258,25 +283,25 @@ class Trainer:
         algo = self.algorithm
         kl = self._assemble(
             batches,
-            lambda b: algo.kl_fn(b.old_logprobs, b.extras["ref_logprobs"], algo.kl_estimator),
+            lambda b: kl_penalty(b.old_logprobs, b.extras["ref_logprobs"], algo.kl_estimator),
             len(exps),
             width,
         )
         mask = self._assemble(batches, lambda b: b.action_mask, len(exps), width)
         rewards = sample_inputs(exps, ("rewards",))["rewards"]
-        if "token_rewards" in algo.advantage_inputs:
+        if "token_rewards" in self.advantage_inputs:
             tokens = step.get("token_rewards")
-            tokens = algo.outcome_token_rewards_fn(rewards, mask).float() if tokens is None else tokens
-            step["token_rewards"], kl_stats = algo.kl_in_reward_fn(tokens, kl, self.kl_coef, mask)
+            tokens = outcome_token_rewards(rewards, mask).float() if tokens is None else tokens
+            step["token_rewards"], kl_stats = kl_in_reward(tokens, kl, self.kl_coef, mask)
         else:
-            step["shaped_rewards"], kl_stats = algo.kl_in_reward_fn(rewards, kl, self.kl_coef, mask)
+            step["shaped_rewards"], kl_stats = kl_in_reward(rewards, kl, self.kl_coef, mask)
         stats.add_once(kl_stats)
         self._observed_kl = kl_stats["kl_in_reward"]
 
     @torch.no_grad()
     def _attach_logprobs(self, batch: MicroBatch) -> None:
         algo = self.algorithm
-        if algo.advantage_fn is not None and (self.recompute_logprobs or batch.old_logprobs is None):
+        if self.advantage_fn is not None and (self.recompute_logprobs or batch.old_logprobs is None):
             self.model.eval()
             batch.old_logprobs, _ = forward_logprobs(self.model, batch)
         if algo.needs_ref:
@@ -290,16 +315,14 @@ class Trainer:
     def _normalizers(self, batches: list[MicroBatch]) -> dict[str, float]:
         algo = self.algorithm
         masks = [b.action_mask for b in batches]
-        if "expert_normalizer" in algo.loss_inputs:
+        if "expert_normalizer" in self.loss_inputs:
             flags = [b.extras["is_expert"] for b in batches]
-            n, n_exp = algo.split_normalizer_fn(
+            n, n_exp = split_normalizer(
                 masks, flags, algo.loss_agg, max_response_length=self.max_response_length
             )
             return {"normalizer": n, "expert_normalizer": n_exp}
         return {
-            "normalizer": algo.normalizer_fn(
-                masks, algo.loss_agg, max_response_length=self.max_response_length
-            )
+            "normalizer": step_normalizer(masks, algo.loss_agg, max_response_length=self.max_response_length)
         }
 
     # ------------------------------------------------------------------ updates
@@ -317,12 +340,12 @@ class Trainer:
         bonus = algo.entropy_coef > 0
         want_entropy = self.entropy_metric or bonus
         logprobs, entropy = forward_logprobs(
-            self.model, batch, entropy_fn=algo.entropy_fn if want_entropy else None, entropy_grad=bonus
+            self.model, batch, entropy_fn=entropy_from_logits if want_entropy else None, entropy_grad=bonus
         )
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         mask = batch.action_mask
         extras = {k: v for k, v in batch.extras.items() if k not in ("old_values", "returns")}
-        loss, stats = algo.loss_fn(
+        loss, stats = self.loss_fn(
             logprobs=logprobs,
             old_logprobs=old,
             action_mask=mask,
@@ -332,13 +355,11 @@ class Trainer:
             **algo.loss_args,
         )
         if self.kl_coef > 0 and algo.kl_mode == "loss":
-            kl = algo.kl_fn(logprobs, batch.extras["ref_logprobs"], algo.kl_estimator)
-            loss = loss + self.kl_coef * algo.aggregate_fn(kl, mask, algo.loss_agg, norms["normalizer"])
+            kl = kl_penalty(logprobs, batch.extras["ref_logprobs"], algo.kl_estimator)
+            loss = loss + self.kl_coef * aggregate(kl, mask, algo.loss_agg, norms["normalizer"])
             stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
         if bonus:
-            term, _ = algo.entropy_bonus_fn(
-                entropy, mask, algo.entropy_coef, norms["normalizer"], algo.loss_agg
-            )
+            term, _ = entropy_bonus(entropy, mask, algo.entropy_coef, norms["normalizer"], algo.loss_agg)
             loss = loss + term
         if entropy is not None:
             stats["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
@@ -362,10 +383,10 @@ class Trainer:
                     ref, _ = forward_logprobs(self.ref_model, batch)
                 logprobs, _ = forward_logprobs(self.model, batch)
                 seq, ref_seq = (
-                    algo.sequence_logps_fn(logprobs, batch.action_mask),
-                    algo.sequence_logps_fn(ref, batch.action_mask),
+                    sequence_logps(logprobs, batch.action_mask),
+                    sequence_logps(ref, batch.action_mask),
                 )
-                loss, micro = algo.loss_fn(
+                loss, micro = self.loss_fn(
                     seq[0::2],
                     seq[1::2],
                     ref_seq[0::2],
@@ -388,7 +409,7 @@ class Trainer:
             if algo.kl_mode == "loss"
             else self._observed_kl
         )
-        self.kl_coef = algo.adaptive_kl_fn(self.kl_coef, observed, algo.kl_target, algo.kl_horizon, samples)
+        self.kl_coef = adaptive_kl_coef(self.kl_coef, observed, algo.kl_target, algo.kl_horizon, samples)
         stats.add_once({"kl_coef": self.kl_coef})
 
     def _optimizer_step(self) -> float:
