@@ -14,14 +14,18 @@ pytestmark = pytest.mark.slow
 KEY = "eval/addition/avg@8"
 
 
-def _rl(arithmetic_config, tmp_path, start, name: str, steps: int = 60, **algorithm) -> tuple[float, float]:
+def _rl(
+    arithmetic_config, tmp_path, start, name: str, steps: int = 60, seed: int = 0, **algorithm
+) -> tuple[float, float]:
     eval_set = {
         "name": "addition",
         "path": str(EXAMPLE / "data" / "eval.jsonl"),
         "sampling": {"temperature": 1.0, "max_tokens": 6},
     }
+    run_name = name if seed == 0 else f"{name}-seed{seed}"
     cfg = arithmetic_config(
         {
+            "seed": seed,
             "model": {"path": str(start)},
             "algorithm": {"name": name, **algorithm},
             "tasks": {
@@ -33,17 +37,31 @@ def _rl(arithmetic_config, tmp_path, start, name: str, steps: int = 60, **algori
             "trainer": {"lr": 1e-3},
             "eval": {"every": 30, "k": 8, "at_start": True},
         },
-        name=name,
+        name=run_name,
     )
     run(load_config(cfg))
-    rows = [r for r in read_metrics(tmp_path / name) if KEY in r]
+    rows = [r for r in read_metrics(tmp_path / run_name) if KEY in r]
     return rows[0][KEY], max(r[KEY] for r in rows[1:])
 
 
+SEEDS = (0, 1)
+LIFT = 0.08
+"""Mean avg@8 lift over ``SEEDS`` each RL preset must reach in 60 steps.
+
+Measured (issue 10, 60 steps from the shared SFT start, seeds 0-2, with and without fused AdamW —
+a numerics-preserving change that moves single trajectories): single-run lifts ranged 0.06-0.27,
+so the old one-seed bar of 0.15 failed 6 of 24 runs; the mean over seeds 0 and 1 was at least 0.11
+for every preset in both variants (dapo 0.13, gspo 0.18, rloo 0.12, opmd 0.11 at their lowest).
+"""
+
+
 @pytest.mark.parametrize("name", ["dapo", "gspo", "rloo", "opmd"])
-def test_rl_preset_lifts_accuracy_by_15_points(name, sft_start, arithmetic_config, tmp_path):
-    before, best = _rl(arithmetic_config, tmp_path, sft_start, name)
-    assert best - before >= 0.15, f"{name}: avg@8 {before:.2f} -> best {best:.2f}"
+def test_rl_preset_lifts_accuracy_averaged_over_seeds(name, sft_start, arithmetic_config, tmp_path):
+    lifts = []
+    for seed in SEEDS:
+        before, best = _rl(arithmetic_config, tmp_path, sft_start, name, seed=seed)
+        lifts.append(best - before)
+    assert sum(lifts) / len(lifts) >= LIFT, f"{name}: avg@8 lifts {[round(x, 3) for x in lifts]}"
 
 
 def test_ppo_with_a_critic_improves(sft_start, arithmetic_config, tmp_path):
