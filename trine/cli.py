@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,16 +76,27 @@ def run(
     from trine.loop import run as run_stages
 
     code = 1  # failed: the error propagates (traceback, status.json "failed")
+    previous = signal.signal(signal.SIGTERM, _terminate)  # a scheduler's stop ends like Ctrl-C
     try:
         summary = run_stages(stages)
         code = 0
-    except KeyboardInterrupt:  # status.json says "stopped"; run the command again to resume
-        code = 130
-        typer.secho("interrupted: stopped (run the same command again to resume)", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as err:  # status.json says "stopped"; run the command again to resume
+        code = 143 if isinstance(err, Terminated) else 130
+        how = "terminated (SIGTERM)" if code == 143 else "interrupted"
+        typer.secho(f"{how}: stopped (run the same command again to resume)", err=True)
+        raise typer.Exit(code) from None
     finally:  # threads a plugin or a hung call left behind must not keep the process alive
+        signal.signal(signal.SIGTERM, previous)
         exit_guard(code)
     print_summary(summary)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during ``trine run``: handled like Ctrl-C (status ``stopped``, resumable), exit code 143."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 @app.command("init-model")

@@ -46,8 +46,8 @@ def run(stages: list[RunConfig]) -> dict[str, Any]:
             limit = cfg.stop_after_steps
             if stage.step < stage.total_steps or (limit and rd.step >= limit and index < len(stages) - 1):
                 return rd.finish("stopped")  # run again to continue
-    except KeyboardInterrupt:
-        rd.interrupted()
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM under `trine run` (cli.Terminated)
+        rd.interrupted(type(err).__name__)
         raise
     except BaseException as err:
         rd.fail(err)

@@ -149,10 +149,11 @@ class RunDir:
             self.summary["plots"] = [str(p) for p in plot_run(self.path)]
         return self.summary
 
-    def interrupted(self) -> None:
-        """Ctrl-C: close the monitor and record ``stopped`` (run again to continue from the last checkpoint)."""
+    def interrupted(self, how: str = "KeyboardInterrupt") -> None:
+        """Ctrl-C or SIGTERM: close the monitor and record ``stopped`` (run again to continue from the
+        last checkpoint); ``how`` names the interruption in the status's reason."""
         self._close_monitor()
-        self._end("stopped", reason="interrupted (KeyboardInterrupt); run again to resume")
+        self._end("stopped", reason=f"interrupted ({how}); run again to resume")
 
     def fail(self, err: BaseException) -> None:
         """Close the monitor and record ``failed`` with the error and its traceback."""

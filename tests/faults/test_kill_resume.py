@@ -205,18 +205,27 @@ def test_kill_9_then_resume_leaves_clean_records(storage, tmp_path, tiny_model_d
     assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
 
 
-def test_ctrl_c_stops_with_exit_code_130_and_the_next_run_resumes(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize(
+    "sig, code, said, reason",
+    [
+        (signal.SIGINT, 130, "interrupted: stopped", "KeyboardInterrupt"),  # Ctrl-C in a terminal
+        (signal.SIGTERM, 143, "terminated (SIGTERM): stopped", "Terminated"),  # a scheduler's stop
+    ],
+)
+def test_ctrl_c_or_sigterm_stops_cleanly_and_the_next_run_resumes(
+    sig, code, said, reason, tmp_path, tiny_model_dir
+):
     config = write_config(tmp_path, tiny_model_dir, "interrupted", "memory", "unused")
     run_dir = tmp_path / "interrupted"
     proc = trine("run", str(config))
     kill_at_step(proc, run_dir / "metrics.jsonl", 2)  # leaves it frozen (SIGSTOP) at step >= 2
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends to the foreground group
+    os.killpg(proc.pid, sig)
     os.killpg(proc.pid, signal.SIGCONT)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out
-    assert "interrupted: stopped" in out and "Traceback" not in out, out
+    assert proc.returncode == code, out
+    assert said in out and "Traceback" not in out, out
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "stopped" and "KeyboardInterrupt" in status["reason"]
+    assert status["state"] == "stopped" and reason in status["reason"]
     resumed = trine("run", str(config))
     out, _ = resumed.communicate(timeout=300)
     assert (
