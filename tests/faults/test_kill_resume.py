@@ -22,10 +22,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
-from tests.conftest import EXAMPLE
+from tests.conftest import write_arithmetic_config
 from trine.cli import app
 from trine.config import load_config
 from trine.loop import run
@@ -55,30 +54,14 @@ def write_config(tmp_path: Path, model: Path, name: str, storage: str, table: st
     buffer = {"storage": storage}
     if storage == "postgres":
         buffer = {"storage": "sql", "url": PG_URL, "storage_args": {"table": table}}
-    cfg = {
-        "name": name,
-        "run_dir": str(tmp_path / name),
-        "seed": 0,
+    small = {
         "num_threads": 1,
-        "model": {"path": str(model)},
-        "tasks": {
-            "batch_size": 2,
-            "total_steps": 6,
-            "train": {
-                "path": str(EXAMPLE / "data" / "train.jsonl"),
-                "repeat": 2,
-                "sampling": {"temperature": 1.0, "max_tokens": 4},
-            },
-        },
+        "tasks": {"batch_size": 2, "train": {"repeat": 2}},
         "buffer": buffer,
         "explorer": {"dump_rollouts": True},
-        "trainer": {"lr": 1e-3, "save_every": 2},
-        "eval": {"at_start": False},
-        "monitor": {"sinks": ["jsonl"], "plot": False},
+        "trainer": {"save_every": 2},
     }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_arithmetic_config(tmp_path, model, name, small)
 
 
 def lines(path: Path) -> list[dict]:
