@@ -105,14 +105,19 @@ def init_model(
     out_dir: Path = typer.Argument(..., help="Directory to write the HF-format model into."),
     seed: int = typer.Option(0, help="Initialisation seed."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing directory."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
-    """Build a tiny Qwen2-architecture model and byte-level BPE tokenizer locally."""
+    """Build a tiny Qwen2-architecture model and byte-level BPE tokenizer locally (a built-in preset, or
+    one a --plugin file registers with @trine.register("model_preset", name))."""
     from trine.models import count_parameters, load_model
     from trine.models import init_model as build
+    from trine.registry import load_plugin
 
     try:
+        for file in plugin:
+            load_plugin(file)
         path = build(preset, out_dir, seed=seed, overwrite=overwrite)
-    except (ValueError, FileExistsError) as err:
+    except (ValueError, FileExistsError, FileNotFoundError) as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     params = count_parameters(load_model(path))

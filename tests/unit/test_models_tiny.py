@@ -203,3 +203,27 @@ def test_importing_trine_models_is_light():
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_init_model_builds_a_preset_that_a_plugin_file_registers(tmp_path):
+    from typer.testing import CliRunner
+
+    from trine import registry
+    from trine.cli import app
+
+    plugin = tmp_path / "presets.py"
+    plugin.write_text(
+        "import trine\n"
+        "trine.register('model_preset', 'my-tiny')(dict(vocab_size=512, hidden_size=64, "
+        "intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, "
+        "max_position_embeddings=256))\n"
+    )
+    runner = CliRunner()
+    try:
+        missing = runner.invoke(app, ["init-model", "my-tiny", str(tmp_path / "a")])
+        assert missing.exit_code == 2 and "unknown model_preset 'my-tiny'" in missing.output
+        done = runner.invoke(app, ["init-model", "my-tiny", str(tmp_path / "b"), "--plugin", str(plugin)])
+        assert done.exit_code == 0, done.output
+        assert load_model(tmp_path / "b").config.hidden_size == 64
+    finally:
+        registry._extra.get("model_preset", {}).pop("my-tiny", None)
