@@ -1,27 +1,20 @@
 """The loop: tasks → explorer → buffer → trainer → weights, and its modes, in data-flow order.
 
 A run is a list of stages (one unless the config chains several); each stage is built by
-:mod:`trine.build` and driven by one of three step generators — different wirings of the same
-objects — each yielding one metrics dict per training step:
-
-- ``_sync_steps``: colocated shared weights; explore ``sync_interval`` batches, train on them, repeat.
-- ``_offset_steps``: the explorer runs ``sync_offset`` batches ahead in a thread, from a weight
-  snapshot that is updated every ``sync_interval`` steps.
-- ``_train_steps``: trainer only, on supervised rows made from the taskset.
+:mod:`trine.build` and driven by its mode's step generator (:mod:`trine.modes`: ``sync``,
+``offset``, ``train`` — different wirings of the same objects), which yields one metrics dict per
+training step. This module keeps what every mode shares: stages, evaluation and checkpoint cadence,
+logging, and the run's status.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from typing import Any
 
-from trine import build, preflight
+from trine import build, modes, preflight
 from trine.config import RunConfig
-from trine.refill import pass_rates, shape_batch
 from trine.rundir import RunDir
-from trine.tasks.supervised import preference_experiences, sft_experiences
 
 EVAL_TABLE_ROWS = 8
 """Eval rollouts per taskset sent to the monitor as a table (``eval/<taskset>/samples``) at each eval."""
@@ -62,12 +55,8 @@ def _run_stage(st: build.Stage, index: int, rd: RunDir) -> None:
     if st.step == 0 and cfg.eval.at_start and st.eval_sets:
         record["eval_start"] = _evaluate(st, rd.step, rd.monitor)
         rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
-    if cfg.mode == "train":
-        steps = _train_steps(st, rd.tokenizer)
-    else:
-        steps = _offset_steps(st) if cfg.sync.sync_offset > 0 else _sync_steps(st)
     tick = time.perf_counter()
-    for metrics in steps:
+    for metrics in modes.steps(st, rd.tokenizer):
         rd.step, st.step = rd.step + 1, st.step + 1
         last = st.step >= st.total_steps
         stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
@@ -84,144 +73,6 @@ def _run_stage(st: build.Stage, index: int, rd: RunDir) -> None:
         if stop and not last:
             break
         tick = time.perf_counter()
-
-
-def _sync_steps(st: build.Stage):
-    """Colocated: explore ``sync_interval`` batches with the current weights (concurrently, one
-    long tail), then train on each in turn."""
-    while st.step < st.total_steps:
-        if not st.pending:
-            version = st.trainer.version
-            st.sync.pull(st.engine, version)
-            _explore_batches(st, st.step, min(st.cfg.sync.sync_interval, st.total_steps - st.step), version)
-        if not st.pending:
-            return
-        metrics = _train_on(st)
-        if st.trainer.version % st.cfg.sync.sync_interval == 0:  # shared: records the version only
-            st.sync.push(st.trainer.model, st.trainer.version)
-        yield metrics
-
-
-def _offset_steps(st: build.Stage):
-    """Pipelined: the explorer thread runs ``sync_offset`` batches ahead of the trainer."""
-    k, m = st.cfg.sync.sync_interval, st.cfg.sync.sync_offset
-    ready: queue.Queue = queue.Queue()
-    stop, errors = threading.Event(), []
-
-    def explore() -> None:
-        b = st.step + len(st.pending)
-        try:
-            while b < st.total_steps and not stop.is_set():
-                version = max(0, k * ((b - m) // k))
-                st.sync.pull(st.engine, version)
-                with st.gate:
-                    if stop.is_set() or not _explore_batches(st, b, 1, version):
-                        break
-                ready.put(b)
-                b += 1
-        except BaseException as err:  # surfaced in the trainer's thread
-            if not stop.is_set():
-                errors.append(err)
-        finally:
-            ready.put(None)
-
-    thread = threading.Thread(target=explore, name="trine-explorer", daemon=True)
-    thread.start()
-    finished = False
-    try:
-        while st.step < st.total_steps:
-            while not st.pending and not finished:
-                finished = ready.get() is None
-            if errors:
-                raise errors[0]
-            if not st.pending:
-                return
-            metrics = _train_on(st)
-            if st.trainer.version % k == 0:
-                st.sync.push(st.trainer.model, st.trainer.version)
-            yield metrics
-    finally:
-        stop.set()
-        st.sync.close()
-        thread.join()
-
-
-def _train_steps(st: build.Stage, tokenizer: Any):
-    """Trainer only: supervised rows, or preference pairs (DPO), made from the taskset."""
-    ts = st.cfg.tasks.train
-    while st.step < st.total_steps:
-        tasks = st.scheduler.next_batch(st.cfg.tasks.batch_size)
-        if not tasks:
-            return
-        if st.algorithm.pairwise:
-            yield st.train(preference_experiences(tasks, tokenizer, ts.chosen_key, ts.rejected_key))
-        else:
-            yield st.train(sft_experiences(tasks, tokenizer, ts.response_key))
-
-
-def _explore_batches(st: build.Stage, first: int, count: int, version: int) -> bool:
-    """tasks → explorer → buffer for ``count`` batches of one version; False when tasks run out."""
-    batches = []
-    for _ in range(count):
-        tasks = st.scheduler.next_batch(st.cfg.tasks.batch_size)
-        if not tasks:
-            break
-        batches.append(tasks)
-    results = st.explorer.explore_batches(batches, first_index=first, version=version)
-    for experiences, _ in results:  # pass rates back to the scheduler (curricula use them)
-        st.scheduler.feedback(*pass_rates(experiences, st.cfg.eval.success_threshold))
-    for j, (experiences, metrics) in enumerate(results):
-        experiences = _shape(st, experiences, metrics, first + j, version)
-        if st.operators is not None:
-            experiences, op_metrics = st.operators(experiences, step=first + j)
-            metrics.update(op_metrics)
-        st.buffer.put(experiences)
-        st.pending.append((first + j, len(experiences), metrics))
-    return len(batches) == count
-
-
-def _shape(st: build.Stage, experiences: list, metrics: dict[str, float], index: int, version: int) -> list:
-    """:func:`trine.refill.shape_batch` with the stage's settings; refills draw tasks from the
-    scheduler and explore them with the batch's version."""
-
-    def draw_more(n: int) -> list | None:
-        tasks = st.scheduler.next_batch(n)
-        return st.explorer.explore(tasks, batch_index=index, version=version)[0] if tasks else None
-
-    a = st.algorithm
-    return shape_batch(
-        experiences,
-        metrics,
-        max_tokens=st.cfg.tasks.train.sampling.max_tokens,
-        batch_size=st.cfg.tasks.batch_size,
-        draw_more=draw_more,
-        dynamic_sampling=a.dynamic_sampling,
-        max_extra_draws=a.max_extra_draws,
-        overlong_buffer=a.overlong_buffer,
-        overlong_penalty=a.overlong_penalty,
-    )
-
-
-def _train_on(st: build.Stage) -> dict[str, float]:
-    """buffer → trainer for the oldest explored batch."""
-    _, n, metrics = st.pending[0]
-    experiences = (
-        st.buffer.get(n, current_version=st.trainer.version, timeout=st.cfg.buffer.get_timeout) if n else []
-    )
-    st.pending.pop(0)
-    if st.expert is not None:  # MIX: expert rows ride along with the rollouts
-        tasks = st.expert.next_batch(max(1, round(st.algorithm.expert_ratio * len(experiences))))
-        experiences = experiences + sft_experiences(
-            tasks, st.engine.tokenizer, st.cfg.tasks.expert.response_key
-        )
-    metrics = {
-        **metrics,
-        **st.train(experiences),
-        **st.buffer.metrics(),  # incl. buffer/staleness_mean|max of this batch (current_version given)
-        "sync/seconds": st.sync.seconds,
-        "trainer/version": float(st.trainer.version),
-    }
-    return metrics
 
 
 def _evaluate(st: build.Stage, step: int, monitor: Any) -> dict[str, float]:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 import trine.loop
+import trine.modes.sync
 from tests.e2e.conftest import EXAMPLE, read_metrics
 from tests.unit.test_trackers import wandb_history
 from trine.config import load_config
@@ -27,7 +28,7 @@ def test_config_yaml_records_the_default_run_directory(arithmetic_config, tmp_pa
 
 
 def test_ctrl_c_ends_stopped_and_the_next_run_resumes(arithmetic_config, tmp_path, monkeypatch, capsys):
-    train_on = trine.loop._train_on
+    train_on = trine.modes.sync.train_on
 
     def interrupt_at_step_3(st):
         if st.step == 2:
@@ -35,7 +36,7 @@ def test_ctrl_c_ends_stopped_and_the_next_run_resumes(arithmetic_config, tmp_pat
         return train_on(st)
 
     cfg = arithmetic_config({"trainer": {"save_every": 1}, "tasks": {"total_steps": 4}}, name="ctrlc")
-    monkeypatch.setattr(trine.loop, "_train_on", interrupt_at_step_3)
+    monkeypatch.setattr(trine.modes.sync, "train_on", interrupt_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         run(load_config(cfg))
     monkeypatch.undo()
