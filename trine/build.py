@@ -6,54 +6,19 @@ Every component receives only its own section's values as plain keyword argument
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
-import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
+from pydantic import BaseModel
 
 from trine import registry
-from trine.config import RunConfig, TasksetConfig
+from trine.config import RunConfig, TasksetConfig, TrainerConfig
+from trine.roles import Evaluator, ExpertRows, ExplorerSide, Shaping, Stage, SupervisedSource, TrainerSide
 
 log = logging.getLogger("trine")
-
-
-@dataclass
-class Stage:
-    """Everything one stage of a run needs, built from its config."""
-
-    cfg: RunConfig
-    algorithm: Any
-    trainer: Any
-    scheduler: Any
-    eval_sets: list[Any]
-    buffer: Any = None
-    engine: Any = None
-    explorer: Any = None
-    eval_explorer: Any = None
-    """Explorer over the trainer's own weights (the explorer itself unless it samples a snapshot)."""
-    sync: Any = None
-    gate: Any = field(default_factory=threading.Lock)
-    """Held by the explorer while it explores a batch; taken to checkpoint a consistent state."""
-    total_steps: int = 0
-    step: int = 0
-    """Steps of this stage already done (non-zero after a resume)."""
-    pending: list[tuple[int, int, dict[str, float]]] = field(default_factory=list)
-    """Explored batches not yet trained: (batch index, experiences, explorer metrics)."""
-    expert: Any = None
-    """Scheduler of expert rows mixed into each batch (MIX)."""
-    operators: Any = None
-    """Operator pipeline between explorer and buffer (``buffer.operators``)."""
-
-    def train(self, experiences: list[Any]) -> dict[str, float]:
-        """``trainer.step`` on the worker thread of the engine over the trainer's weights, so one
-        thread does all the torch work (:meth:`trine.models.engine.HFEngine.call` says why)."""
-        engine = getattr(self.eval_explorer, "model", None)
-        if getattr(engine, "model", None) is not self.trainer.model or not hasattr(engine, "call"):
-            return self.trainer.step(experiences)  # no engine, or one over a snapshot (sync_offset)
-        return engine.call(self.trainer.step, experiences)
 
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
@@ -71,6 +36,39 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+ROUTED: dict[type[BaseModel], dict[str, str]] = {
+    TrainerConfig: {
+        "save_every": "the checkpoint cadence (trine.loop)",
+        "keep_checkpoints": "the checkpoint writer (trine.rundir)",
+        "critic_lr": "the critic (trine.trainer.critic)",
+        "critic_warmup_steps": "the critic (trine.trainer.critic)",
+        "batch_size": "the trainer side (trine.roles.TrainerSide)",
+    },
+    TasksetConfig: {
+        "response_key": "supervised rows (trine.tasks.supervised)",
+        "chosen_key": "preference pairs (trine.tasks.supervised)",
+        "rejected_key": "preference pairs (trine.tasks.supervised)",
+        "weight": "the task scheduler's mixing weights",
+    },
+}
+"""Fields of a config section that its main object does not take, and who reads them instead."""
+
+
+def section_kwargs(section: BaseModel, target: Callable[..., Any]) -> dict[str, Any]:
+    """The fields of ``section`` that ``target`` takes as keyword arguments. Every other field must be
+    named in :data:`ROUTED`, so a new config field reaches its component or fails loudly here."""
+    params = inspect.signature(target).parameters
+    routed = ROUTED.get(type(section), {})
+    values = section.model_dump()
+    lost = [k for k in values if k not in params and k not in routed]
+    if lost:
+        raise TypeError(
+            f"{type(section).__name__} fields {lost} reach neither {target.__qualname__}() nor a reader "
+            "named in trine.build.ROUTED; add the parameter or route the field there."
+        )
+    return {k: v for k, v in values.items() if k in params}
+
+
 def build_algorithm(cfg: RunConfig) -> Any:
     a = cfg.algorithm
     preset = registry.resolve("algorithm", a.name)
@@ -81,8 +79,7 @@ def build_algorithm(cfg: RunConfig) -> Any:
 def build_taskset(ts: TasksetConfig, extra_workflow_args: dict[str, Any] | None = None) -> Any:
     from trine.tasks import TaskSet
 
-    kwargs = ts.model_dump(exclude={"response_key", "chosen_key", "rejected_key", "weight"})
-    kwargs["sampling"] = ts.sampling.model_dump()
+    kwargs = section_kwargs(ts, TaskSet)
     kwargs["workflow_args"] = {**ts.workflow_args, **(extra_workflow_args or {})}
     return TaskSet(**kwargs)
 
@@ -109,10 +106,8 @@ def build_task_scheduler(cfg: RunConfig, tasksets: list[Any]) -> Any:
 
 
 def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> Stage:
-    """Build the trainer, task scheduler, buffer and explorer of one stage around ``model``."""
-    from trine.tasks import TaskScheduler
-    from trine.trainer import Trainer
-
+    """Build the roles of one stage around ``model``: the trainer side, and the explorer side (mode
+    ``sync``) or the supervised source (mode ``train``), plus evaluation."""
     algorithm = build_algorithm(cfg)
     train_set = build_taskset(cfg.tasks.train, extra_workflow_args=algorithm.rollout_args)
     if train_set.skipped_rows:
@@ -124,8 +119,23 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
     mixed = [build_taskset(m, extra_workflow_args=algorithm.rollout_args) for m in cfg.tasks.mix]
     scheduler = build_task_scheduler(cfg, [train_set, *mixed])
     total = cfg.tasks.total_steps or scheduler.total_batches(cfg.tasks.batch_size)
-    ref_model = _frozen_copy(model) if algorithm.needs_ref else None
+    trainer = _trainer(cfg, algorithm, model, tokenizer, total)
+    stage = Stage(cfg=cfg, trainer=TrainerSide(trainer, None, None), total_steps=total)
+    if cfg.mode == "train":
+        stage.source = SupervisedSource(scheduler, cfg.tasks.batch_size, _rows(cfg, algorithm, tokenizer))
+        if cfg.tasks.eval:
+            stage.evaluator = build_evaluator(cfg, _explorer(cfg, _engine(cfg, model, tokenizer), None))
+            stage.trainer.on_worker = _worker_of(stage.evaluator.explorer.model, model)
+        return stage
+    _explorer_side(stage, algorithm, scheduler, model, tokenizer, run_dir)
+    return stage
+
+
+def _trainer(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, total: int) -> Any:
+    from trine.trainer import Trainer
+
     t = cfg.trainer
+    ref_model = _frozen_copy(model) if algorithm.needs_ref else None
     critic = None
     if algorithm.needs_critic:
         from trine.trainer.critic import Critic, ValueModel
@@ -138,7 +148,7 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
             betas=t.betas,
             weight_decay=t.weight_decay,
         )
-    trainer = Trainer(
+    return Trainer(
         model,
         algorithm,
         pad_token_id=tokenizer.pad_token_id,
@@ -148,44 +158,99 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
         max_response_length=cfg.tasks.train.sampling.max_tokens,
         seed=cfg.seed,
         teacher=_teacher(cfg) if "teacher_logprobs" in algorithm.loss_inputs else None,
-        **t.model_dump(exclude={"save_every", "keep_checkpoints", "critic_lr", "critic_warmup_steps"}),
+        **section_kwargs(t, Trainer),
     )
-    stage = Stage(
-        cfg=cfg,
-        algorithm=algorithm,
-        trainer=trainer,
-        scheduler=scheduler,
-        total_steps=total,
-        eval_sets=[build_taskset(e) for e in cfg.tasks.eval],
-    )
-    if cfg.tasks.expert is not None and algorithm.expert_ratio > 0:
-        stage.expert = TaskScheduler(
-            build_taskset(cfg.tasks.expert), shuffle=True, seed=cfg.seed, epochs=None
-        )
-    if cfg.mode == "sync" or stage.eval_sets:
-        _build_explorer(stage, model, tokenizer, run_dir)
-    return stage
 
 
-def _build_explorer(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> None:
-    """Rollout engine, explorer, weight sync and buffer. With ``sync.method: copy`` the engine samples
-    a snapshot copy of the weights and evaluation gets its own engine over the trainer's weights."""
+def _rows(cfg: RunConfig, algorithm: Any, tokenizer: Any) -> Callable[[list[Any]], list[Any]]:
+    """Tasks → supervised rows or preference pairs (``mode: train``), with the taskset's keys."""
+    from trine.tasks.supervised import preference_experiences, sft_experiences
+
+    ts = cfg.tasks.train
+    if algorithm.pairwise:
+        return lambda tasks: preference_experiences(tasks, tokenizer, ts.chosen_key, ts.rejected_key)
+    return lambda tasks: sft_experiences(tasks, tokenizer, ts.response_key)
+
+
+def _explorer_side(
+    stage: Stage, algorithm: Any, scheduler: Any, model: Any, tokenizer: Any, run_dir: Path
+) -> None:
+    """Rollout engine, explorer, weight sync and buffer, as the explorer side and the trainer side
+    see them. With ``sync.method: copy`` the engine samples a snapshot copy of the weights and
+    evaluation gets its own engine over the trainer's weights."""
+    from trine.buffer import build_pipeline
     from trine.sync import SYNC_METHODS
 
     cfg = stage.cfg
-    method = cfg.sync.resolved_method if cfg.mode == "sync" else "shared"
-    snapshot = method == "copy"
-    stage.engine = _engine(cfg, _frozen_copy(model) if snapshot else model, tokenizer)
-    stage.sync = SYNC_METHODS[method]()
+    snapshot = cfg.sync_method == "copy"
+    engine = _engine(cfg, _frozen_copy(model) if snapshot else model, tokenizer)
+    sync = SYNC_METHODS[cfg.sync_method]()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
-    stage.explorer = stage.eval_explorer = _explorer(cfg, stage.engine, rollouts)
-    if snapshot and stage.eval_sets:
-        stage.eval_explorer = _explorer(cfg, _engine(cfg, model, tokenizer), None)
-    stage.buffer = build_buffer(cfg, run_dir)
-    if cfg.buffer.operators:
-        from trine.buffer import build_pipeline
+    explorer = _explorer(cfg, engine, rollouts)
+    on_trainer_weights = explorer  # evaluation and the trainer's thread use the engine over its weights
+    if snapshot and cfg.tasks.eval:
+        on_trainer_weights = _explorer(cfg, _engine(cfg, model, tokenizer), None)
+    if cfg.tasks.eval:
+        stage.evaluator = build_evaluator(cfg, on_trainer_weights)
+    buffer = build_buffer(cfg, run_dir)
+    a = algorithm
+    stage.explorer = ExplorerSide(
+        explorer,
+        scheduler,
+        buffer,
+        sync,
+        batch_size=cfg.tasks.batch_size,
+        shaping=Shaping(
+            max_tokens=cfg.tasks.train.sampling.max_tokens,
+            batch_size=cfg.tasks.batch_size,
+            dynamic_sampling=a.dynamic_sampling,
+            max_extra_draws=a.max_extra_draws,
+            overlong_buffer=a.overlong_buffer,
+            overlong_penalty=a.overlong_penalty,
+        ),
+        success_threshold=cfg.eval.success_threshold,
+        operators=build_pipeline(cfg.buffer.operators) if cfg.buffer.operators else None,
+        expert=_expert(cfg, algorithm, tokenizer),
+    )
+    side = stage.trainer
+    side.buffer, side.sync, side.sync_interval = buffer, sync, cfg.sync.sync_interval
+    side.batch_size, side.get_timeout = cfg.trainer.batch_size, cfg.buffer.get_timeout
+    side.on_worker = _worker_of(on_trainer_weights.model, model)
+    if cfg.mode == "async":
+        side.batch_size = side.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
+        if next(model.parameters()).device.type == "cpu":  # one torch thread: see HFEngine.call
+            side.on_worker = getattr(engine, "call", None)
 
-        stage.operators = build_pipeline(cfg.buffer.operators)
+
+def build_evaluator(cfg: RunConfig, explorer: Any) -> Evaluator:
+    """Evaluation of ``cfg``'s eval tasksets (``eval`` section) with ``explorer``'s engine."""
+    e = cfg.eval
+    tasksets = [build_taskset(t) for t in cfg.tasks.eval]
+    return Evaluator(explorer, tasksets, e.k, e.greedy, e.success_threshold, seed=cfg.seed)
+
+
+def _expert(cfg: RunConfig, algorithm: Any, tokenizer: Any) -> ExpertRows | None:
+    """MIX: the expert taskset's rows, ``expert_ratio`` per rollout (None without them)."""
+    if cfg.tasks.expert is None or algorithm.expert_ratio <= 0:
+        return None
+    from trine.tasks import TaskScheduler
+    from trine.tasks.supervised import sft_experiences
+
+    expert = cfg.tasks.expert
+    scheduler = TaskScheduler(build_taskset(expert), shuffle=True, seed=cfg.seed, epochs=None)
+    return ExpertRows(
+        scheduler,
+        algorithm.expert_ratio,
+        lambda tasks: sft_experiences(tasks, tokenizer, expert.response_key),
+    )
+
+
+def _worker_of(engine: Any, model: Any) -> Callable[..., Any] | None:
+    """``engine.call`` when ``engine`` samples ``model`` itself (the trainer's step then runs on the
+    engine's worker thread: one thread does all the torch work, see ``HFEngine.call``), else None."""
+    if getattr(engine, "model", None) is model and hasattr(engine, "call"):
+        return engine.call
+    return None
 
 
 def _engine(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
@@ -235,6 +300,7 @@ def _frozen_copy(model: Any) -> Any:
     return copied
 
 
-def set_threads(n: int | None) -> None:
-    if n:
-        torch.set_num_threads(n)
+def build_eval_explorer(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
+    """An explorer over an engine of ``model`` for evaluation only (no rollouts file): what a run's
+    evaluation samples with, for ``trine bench`` on a checkpoint's weights."""
+    return _explorer(cfg, _engine(cfg, model, tokenizer), None)

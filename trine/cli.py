@@ -33,9 +33,9 @@ def _tasks_commands() -> typer.Typer:
 PLUGIN_HELP = "Python file(s) to load first; their @trine.register(...) plugins become valid names."
 
 
-def _load(config: Path, overrides: list[str], plugins: list[Path]) -> list[Any]:
-    """Load plugins, the config and its stages, and check their data and model files (nothing is
-    written); print every problem and exit 2 if there is any."""
+def _load(config: Path, overrides: list[str], plugins: list[Path], preflight: bool = True) -> list[Any]:
+    """Load plugins, the config and its stages, and (``preflight``) check their data and model files
+    (nothing is written); print every problem and exit 2 if there is any."""
     from trine.config import ConfigError, load_config
     from trine.preflight import check
     from trine.registry import load_plugin
@@ -44,7 +44,8 @@ def _load(config: Path, overrides: list[str], plugins: list[Path]) -> list[Any]:
         for plugin in plugins:
             load_plugin(plugin)
         stages = load_config(config, overrides)
-        check(stages)
+        if preflight:
+            check(stages)
     except (ConfigError, FileNotFoundError) as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
@@ -153,6 +154,35 @@ def status(run_dir: Path = typer.Argument(..., help="A run directory (runs/<name
     line = f"{run_dir}: {state} at step {record.get('step', '?')}"
     typer.echo(f"{line} ({why.splitlines()[0]})" if why else line)
     raise typer.Exit(1 if state in ("dead", "failed") else 0)
+
+
+@app.command()
+def bench(
+    config: Path = typer.Argument(..., help="The YAML config of the run."),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides (e.g. eval.k=16)."),
+    checkpoints: str = typer.Option("all", "--checkpoints", help="all, latest, or steps: 2,4,6."),
+    run_dir: Path = typer.Option(None, "--run-dir", help="The run directory (default: the config's)."),
+    force: bool = typer.Option(False, "--force", help="Evaluate again what bench.jsonl already has."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Evaluate a run's checkpoints on its eval tasksets (also while it trains): print a table, append
+    to RUN_DIR/bench.jsonl and draw RUN_DIR/plots/bench.png."""
+    stages = _load(config, overrides or [], plugin, preflight=False)  # the weights are the checkpoints'
+    from trine.modes.bench import BenchError, print_bench
+    from trine.modes.bench import bench as bench_run
+
+    try:
+        result = bench_run(
+            stages,
+            checkpoints=checkpoints,
+            run_dir=run_dir,
+            force=force,
+            say=lambda m: typer.echo(m, err=True),
+        )
+    except (BenchError, FileNotFoundError) as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    print_bench(result)
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -39,7 +39,8 @@ from pydantic import (
 )
 
 from trine import registry
-from trine.config_format import format_error, type_name
+from trine.config_checks import algorithm_problems, argument_problems, mode_problems
+from trine.config_format import format_error, section_reference
 from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
     ConfigError,
     apply_overrides,
@@ -208,34 +209,6 @@ class TasksetConfig(Section):
         return self
 
 
-def _argument_problems(tasks: TasksConfig, mode: str, algo: Any = None) -> list[str]:
-    """``workflow_args``/``reward_args`` that the workflow or reward does not take (misspelt names
-    would otherwise fail every task at run time). Only tasksets this mode runs workflows on are
-    checked: the explored ones in mode sync (with ``algo``'s rollout arguments, if given) and eval sets."""
-    tasksets = [] if algo else [(f"eval.{i}", ts, {}) for i, ts in enumerate(tasks.eval)]
-    if mode == "sync":
-        extra = algo.rollout_args if algo else {}
-        explored = [("train", tasks.train), *((f"mix.{i}", m) for i, m in enumerate(tasks.mix))]
-        tasksets = [(key, ts, extra) for key, ts in explored if ts is not None] + tasksets
-    problems = []
-    for key, ts, extra in tasksets:
-        if extra:
-            what = f"tasks.{key}.workflow_args with algorithm {algo.name!r}'s rollout arguments {extra}"
-            problems.append(
-                registry.check_arguments(
-                    "workflow", ts.workflow, {**ts.workflow_args, **extra}, what, reward=None
-                )
-            )
-            continue
-        problems += [
-            registry.check_arguments(
-                "workflow", ts.workflow, ts.workflow_args, f"{key}.workflow_args", reward=None
-            ),
-            registry.check_arguments("reward", ts.reward, ts.reward_args, f"{key}.reward_args", "", None),
-        ]
-    return [p for p in problems if p]
-
-
 class TasksConfig(Section):
     train: TasksetConfig | None = None
     """The taskset explored (RL) or trained on (``train`` mode)."""
@@ -284,7 +257,7 @@ class TasksConfig(Section):
                 "tasks.selector: easy_to_hard needs tasks.difficulty_key, the row field to sort by"
             )
         mode = (info.context or {}).get("mode", "sync")
-        problems += _argument_problems(self, mode if mode in ("sync", "train") else "sync")
+        problems += argument_problems(self, mode)
         if self.curriculum is not None and self.selector not in (None, "shuffle"):
             problems.append(
                 f"tasks.curriculum picks tasks online, so tasks.selector={self.selector!r} would be ignored; "
@@ -482,6 +455,10 @@ class TrainerConfig(Section):
     """Learning rate of the critic (algorithms with a critic, e.g. ppo); None: the policy's lr."""
     critic_warmup_steps: NonNegInt = 0
     """Steps during which only the critic is trained (the policy waits for useful values)."""
+    batch_size: Count | None = None
+    """Experiences the trainer takes from the buffer per step. None: one explored batch, whole (what
+    sync mode trains on: ``tasks.batch_size`` tasks × ``repeat``, fewer if tasks were skipped or
+    filtered). A number is for ``mode: async``, where explorer and trainer run at their own pace."""
 
     @field_validator("betas", mode="before")
     @classmethod
@@ -506,13 +483,8 @@ class SyncConfig(Section):
     method: Literal["shared", "copy"] | None = None
     """How weights reach the explorer: ``shared`` (the engine samples the trainer's own weights, no
     copy) or ``copy`` (the engine samples a snapshot, refreshed from in-memory copies every
-    ``sync_interval`` steps). None: ``shared`` when ``sync_offset`` is 0, else ``copy``
-    (``SyncConfig.resolved_method``, the one place this is decided)."""
-
-    @property
-    def resolved_method(self) -> str:
-        """The weight-sync method in use: ``method``, or the default for ``sync_offset``."""
-        return self.method or ("copy" if self.sync_offset > 0 else "shared")
+    ``sync_interval`` steps). None: ``shared`` in mode sync with ``sync_offset`` 0, else ``copy``
+    (``RunConfig.sync_method``, the one place this is decided)."""
 
     @model_validator(mode="after")
     def _method_fits(self) -> SyncConfig:
@@ -559,8 +531,10 @@ class RunConfig(Section):
     """Name of this stage (shown in metrics, checkpoints and plots)."""
     run_dir: str | None = None
     """Where config, metrics, checkpoints and plots go."""
-    mode: Literal["sync", "train"] = "sync"
-    """``sync``: explore and train alternately (RL); ``train``: train from the taskset only (SFT)."""
+    mode: Literal["sync", "async", "train"] = "sync"
+    """``sync``: explore and train alternately (RL); ``async``: explorer and trainer run concurrently,
+    meeting only at the buffer and at weight sync (``buffer.max_staleness`` bounds how old a trained
+    experience may be); ``train``: train from the taskset only (SFT, DPO)."""
     seed: NonNegInt = 42
     """Seed of every random stream (task order, sampling, mini-batch shuffles)."""
     num_threads: Count | None = None
@@ -592,16 +566,23 @@ class RunConfig(Section):
     """Stages run in order, each a partial config (with a ``stage`` name) merged over the top-level
     settings and starting from the previous stage's weights (e.g. an SFT warm-up then GRPO)."""
 
+    @property
+    def sync_method(self) -> str:
+        """The weight-sync method in use: ``sync.method``, or ``copy`` when the explorer may run ahead
+        of the trainer (mode async, ``sync_offset`` > 0), else ``shared``."""
+        ahead = self.mode == "async" or self.sync.sync_offset > 0
+        return self.sync.method or ("copy" if ahead else "shared")
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         if self.tasks.train is None:
             raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
-        problems = []
+        problems = mode_problems(self)
         if self.mode == "train" and (
             self.sync.sync_offset or self.sync.sync_interval != 1 or self.sync.method is not None
         ):
             problems.append(
-                "sync settings only apply to mode 'sync' (there is no explorer in mode 'train'); "
+                "sync settings only apply to mode 'sync' or 'async' (there is no explorer in mode 'train'); "
                 "remove them or set mode: sync"
             )
         algo = (
@@ -609,13 +590,13 @@ class RunConfig(Section):
             if registry.check("algorithm", self.algorithm.name)
             else registry.resolve("algorithm", self.algorithm.name)
         )
-        if algo is not None and self.mode == "sync" and not algo.from_rollouts:
+        if algo is not None and self.mode != "train" and not algo.from_rollouts:
             problems.append(
                 f"algorithm {self.algorithm.name!r} trains from data, not rollouts; "
                 "set mode: train for it, or pick an RL algorithm such as grpo"
             )
         if algo is not None:
-            problems += _algorithm_problems(self, algo)
+            problems += algorithm_problems(self, algo)
         if algo is not None and self.mode == "train" and algo.from_rollouts:
             problems.append(
                 f"mode 'train' needs a supervised algorithm such as sft, not {self.algorithm.name!r}; "
@@ -624,23 +605,6 @@ class RunConfig(Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-
-def _algorithm_problems(cfg: RunConfig, preset: Any) -> list[str]:
-    """Overrides that do not fit the algorithm's functions, and data the algorithm needs but lacks."""
-    problems = []
-    try:
-        algo = preset.with_overrides(**cfg.algorithm.model_dump(exclude={"name"}))
-        algo.check_args()
-    except ValueError as err:
-        return [str(err)]
-    if algo.expert_ratio > 0 and cfg.tasks.expert is None:
-        problems.append(f"algorithm {algo.name!r} mixes expert rows; set tasks.expert to a taskset of them")
-    if algo.loss == "distill" and cfg.explorer.teacher is None:
-        problems.append("algorithm 'distill' needs a teacher model; set explorer.teacher to its directory")
-    if algo.rollout_args:
-        problems += _argument_problems(cfg.tasks, cfg.mode, algo)
-    return problems
 
 
 def _format(err: dict[str, Any], prefix: str, loc_root: tuple = ()) -> str:
@@ -756,28 +720,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> list[Ru
 
 def reference_markdown() -> str:
     """The config reference (every section, field, type, default and docstring) as Markdown."""
-    sections: list[tuple[str, type[BaseModel]]] = [("(top level)", RunConfig)]
-    seen: set[type] = {RunConfig}
-    lines: list[str] = []
-    while sections:
-        title, model = sections.pop(0)
-        lines += [f"#### `{title}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        for name, field in model.model_fields.items():
-            ann = field.annotation
-            nested = next(
-                (
-                    c
-                    for c in (ann, *getattr(ann, "__args__", ()))
-                    if isinstance(c, type) and issubclass(c, BaseModel)
-                ),
-                None,
-            )
-            if nested is not None and nested not in seen:
-                seen.add(nested)
-                sections.append((name if model is RunConfig else f"{title}.{name}", nested))
-            text = type_name(ann, list(field.metadata))
-            default = "(section)" if nested is not None else f"`{field.default!r}`"
-            doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
-            lines.append(f"| `{name}` | {text.replace('|', chr(92) + '|')} | {default} | {doc} |")
-        lines.append("")
-    return "\n".join(lines)
+    return section_reference(RunConfig)

@@ -104,3 +104,32 @@ def format_error(err: dict[str, Any], prefix: str, root: type[BaseModel], loc_ro
     if kind not in ("value_error", "assertion_error") and "input" in err:
         msg += f" (got {value!r})"
     return f"{path}: {msg}"
+
+
+def section_reference(root: type[BaseModel]) -> str:
+    """The reference of ``root`` and its nested sections (every field, type, default and docstring) as Markdown."""
+    sections: list[tuple[str, type[BaseModel]]] = [("(top level)", root)]
+    seen: set[type] = {root}
+    lines: list[str] = []
+    while sections:
+        title, model = sections.pop(0)
+        lines += [f"#### `{title}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            ann = field.annotation
+            nested = next(
+                (
+                    c
+                    for c in (ann, *getattr(ann, "__args__", ()))
+                    if isinstance(c, type) and issubclass(c, BaseModel)
+                ),
+                None,
+            )
+            if nested is not None and nested not in seen:
+                seen.add(nested)
+                sections.append((name if model is root else f"{title}.{name}", nested))
+            text = type_name(ann, list(field.metadata))
+            default = "(section)" if nested is not None else f"`{field.default!r}`"
+            doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
+            lines.append(f"| `{name}` | {text.replace('|', chr(92) + '|')} | {default} | {doc} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,7 +1,7 @@
 """The loop: tasks → explorer → buffer → trainer → weights, and its modes, in data-flow order.
 
-A run is a list of stages (one unless the config chains several); each stage is built by
-:mod:`trine.build` and driven by its mode's step generator (:mod:`trine.modes`: ``sync``,
+A run is a list of stages (one unless the config chains several); each stage's roles (:mod:`trine.roles`)
+are built by :mod:`trine.build` and driven by its mode's step generator (:mod:`trine.modes`: ``sync``,
 ``offset``, ``train`` — different wirings of the same objects), which yields one metrics dict per
 training step. This module keeps what every mode shares: stages, evaluation and checkpoint cadence,
 logging, and the run's status.
@@ -14,16 +14,14 @@ from typing import Any
 
 from trine import build, modes, preflight
 from trine.config import RunConfig
+from trine.roles import Stage
 from trine.rundir import RunDir
-
-EVAL_TABLE_ROWS = 8
-"""Eval rollouts per taskset sent to the monitor as a table (``eval/<taskset>/samples``) at each eval."""
 
 
 def run(stages: list[RunConfig]) -> dict[str, Any]:
     """Run every stage in order (resuming where the run directory left off); returns the summary."""
     preflight.check(stages)  # data and model files, before anything is written
-    rd = RunDir.open(stages)
+    rd = RunDir.open(stages, build.load_policy)
     if rd.done:
         print(f"already finished: nothing to do ({rd.path} is complete at step {rd.step})", flush=True)
         return rd.summary
@@ -48,20 +46,20 @@ def run(stages: list[RunConfig]) -> dict[str, Any]:
     return rd.finish("finished")
 
 
-def _run_stage(st: build.Stage, index: int, rd: RunDir) -> None:
+def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
     """Drive one stage's steps: log each, evaluate and checkpoint when due."""
     cfg = st.cfg
     record = rd.summary["stages"].setdefault(cfg.stage, {"seconds": 0.0})
-    if st.step == 0 and cfg.eval.at_start and st.eval_sets:
-        record["eval_start"] = _evaluate(st, rd.step, rd.monitor)
+    if st.step == 0 and cfg.eval.at_start and st.evaluator:
+        record["eval_start"] = st.evaluator.evaluate(rd.step, rd.monitor)
         rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
     tick = time.perf_counter()
-    for metrics in modes.steps(st, rd.tokenizer):
+    for metrics in modes.steps(st):
         rd.step, st.step = rd.step + 1, st.step + 1
         last = st.step >= st.total_steps
         stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
-        if st.eval_sets and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
-            record["eval_end"] = _evaluate(st, rd.step, rd.monitor)
+        if st.evaluator and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
+            record["eval_end"] = st.evaluator.evaluate(rd.step, rd.monitor)
             metrics.update(record["eval_end"])
         now = time.perf_counter()
         metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
@@ -73,17 +71,3 @@ def _run_stage(st: build.Stage, index: int, rd: RunDir) -> None:
         if stop and not last:
             break
         tick = time.perf_counter()
-
-
-def _evaluate(st: build.Stage, step: int, monitor: Any) -> dict[str, float]:
-    """``eval/<taskset>/*`` for every eval taskset, with the trainer's current weights; a few of the
-    rollouts (prompt, response, reward) go to the monitor as the table ``eval/<taskset>/samples``."""
-    args = st.cfg.eval.model_dump(include={"k", "greedy", "success_threshold"})
-    seed = st.cfg.seed + step
-    out: dict[str, float] = {}
-    for ts in st.eval_sets:
-        rows: list[dict[str, Any]] = []
-        out.update(st.eval_explorer.evaluate(list(ts), name=ts.name, seed=seed, samples=rows, **args))
-        if rows:
-            monitor.log_table(f"eval/{ts.name}/samples", rows[:EVAL_TABLE_ROWS], step)
-    return out

@@ -2,7 +2,8 @@
 
 ``RunDir.open(stages)`` prepares ``runs/<name>/`` (or continues it), loads the policy (from the
 last checkpoint when resuming) and the monitor; ``save``/``restore`` checkpoint and restore a
-stage (:func:`stage_state` / :func:`restore_stage`: what a checkpoint holds besides the weights);
+stage (:meth:`trine.roles.Stage.state_dict` / :func:`restore_stage`: what a checkpoint holds besides
+the weights);
 ``finish``/``interrupted``/``fail`` record how the run ended in ``status.json`` (see
 :mod:`trine.status`: pid, host and a heartbeat while it runs) so that a directory whose run failed
 or died says so.
@@ -17,14 +18,15 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trine import build
 from trine.config import RunConfig
+from trine.roles import Stage
 from trine.status import Heartbeat, read_status, write_status
 
 log = logging.getLogger("trine.rundir")
@@ -50,15 +52,19 @@ class RunDir:
     heartbeat: Heartbeat | None = None
 
     @classmethod
-    def open(cls, stages: list[RunConfig]) -> RunDir:
+    def open(cls, stages: list[RunConfig], load_policy: Callable[..., tuple[Any, Any]]) -> RunDir:
         """Continue (or start) the run directory of ``stages``; when its last checkpoint says every
-        stage is done, nothing is loaded or written (check :attr:`done`)."""
+        stage is done, nothing is loaded or written (check :attr:`done`). ``load_policy(cfg, path=...)``
+        loads the model and tokenizer (from the checkpoint's directory when resuming)."""
+        import torch
+
         from trine.monitor import build_monitor
         from trine.trainer.checkpoint import list_checkpoints, load_states
 
         first = stages[0]
         path = Path(first.run_dir) if first.run_dir else Path("runs") / first.name
-        build.set_threads(first.num_threads)
+        if first.num_threads:
+            torch.set_num_threads(first.num_threads)
         found = list_checkpoints(path / "checkpoints") if first.resume else []
         checkpoint = found[-1] if found else None
         trainer_state, state = load_states(checkpoint) if checkpoint else ({}, {})
@@ -76,7 +82,7 @@ class RunDir:
         rewind_records(path, state)
         rd.heartbeat = Heartbeat(path, step)
         try:
-            rd.model, rd.tokenizer = build.load_policy(first, path=str(checkpoint) if checkpoint else None)
+            rd.model, rd.tokenizer = load_policy(first, path=str(checkpoint) if checkpoint else None)
             totals = [s.tasks.total_steps for s in stages]
             rd.monitor = build_monitor(
                 first.monitor.sinks,
@@ -99,7 +105,7 @@ class RunDir:
         """Index of the first stage that still has work."""
         return self.state["stage_index"] + self.state["stage_done"] if self.state else 0
 
-    def restore(self, stage: build.Stage, index: int) -> None:
+    def restore(self, stage: Stage, index: int) -> None:
         """Put ``stage`` back where the checkpoint left it, if the checkpoint is inside it."""
         from trine.trainer.checkpoint import set_rng_state
 
@@ -112,15 +118,15 @@ class RunDir:
         if self.heartbeat is not None:
             self.heartbeat.beat(self.step)
 
-    def save(self, stage: build.Stage, index: int, done: bool) -> None:
+    def save(self, stage: Stage, index: int, done: bool) -> None:
         """Checkpoint the stage (weights, trainer, task cursor, buffer, explorer RNG, the sizes of the
         records) atomically."""
         from trine.trainer.checkpoint import save_checkpoint
 
-        trainer = stage.trainer
+        trainer = stage.trainer.trainer
         with stage.gate:  # the explorer appends rollouts under the gate: the sizes match the state
             state = {
-                **stage_state(stage),
+                **stage.state_dict(),
                 "stage_index": index,
                 "global_step": self.step,
                 "stage_done": done,
@@ -173,48 +179,17 @@ class RunDir:
             self.heartbeat.end(state, **details)
 
 
-def stage_state(stage: build.Stage) -> dict[str, Any]:
-    """What a checkpoint needs besides weights and trainer state (call with ``stage.gate`` held)."""
-    state: dict[str, Any] = {
-        "stage_step": stage.step,
-        "scheduler": stage.scheduler.state_dict(),
-        "pending": list(stage.pending),
-    }
-    if stage.engine is not None:
-        state["buffer"] = stage.buffer.state_dict()
-        state["engine"] = stage.engine.state_dict()
-        if stage.engine.model is not stage.trainer.model:  # a snapshot: keep its weights and pushed versions
-            state["engine_weights"] = {
-                k: v.detach().cpu().clone() for k, v in stage.engine.model.state_dict().items()
-            }
-            state["sync"] = stage.sync.state_dict()
-    return state
-
-
-def restore_stage(
-    stage: build.Stage, state: dict[str, Any], trainer_state: dict[str, Any], path: Path
-) -> None:
+def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, Any], path: Path) -> None:
     """Put a freshly built stage back where the checkpoint at ``path`` left it."""
-    stage.trainer.load_state_dict(trainer_state)
-    if (
-        stage.trainer.ref_model is not None
-    ):  # the reference is the stage's starting weights, not the checkpoint's
+    trainer = stage.trainer.trainer
+    trainer.load_state_dict(trainer_state)
+    if trainer.ref_model is not None:  # the reference is the stage's starting weights, not the checkpoint's
         from safetensors.torch import load_file
 
-        stage.trainer.ref_model.load_state_dict(
+        trainer.ref_model.load_state_dict(
             load_file(str(Path(path) / "ref_model" / "model.safetensors")), strict=False
         )
-    stage.step = state["stage_step"]
-    stage.scheduler.load_state_dict(state["scheduler"])
-    stage.pending = list(state["pending"])
-    if stage.engine is not None:
-        stage.buffer.load_state_dict(state["buffer"])
-        stage.engine.load_state_dict(state["engine"])
-        if "engine_weights" in state:
-            stage.engine.model.load_state_dict(state["engine_weights"])
-            stage.sync.load_state_dict(state["sync"])
-        else:
-            stage.engine.policy_version = stage.trainer.version
+    stage.load_state_dict(state)
 
 
 def _resolved_config(stages: list[RunConfig], path: Path) -> dict[str, Any]:

@@ -8,12 +8,14 @@ import json
 import pytest
 import yaml
 
-import trine.loop
-import trine.modes.sync
+import trine.roles
 from tests.e2e.conftest import EXAMPLE, read_metrics
 from tests.unit.test_trackers import wandb_history
 from trine.config import load_config
 from trine.loop import run
+from trine.roles import Evaluator
+
+EVAL_TABLE_ROWS = Evaluator.table_rows  # rollouts per eval taskset sent to the monitor as a table
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +30,15 @@ def test_config_yaml_records_the_default_run_directory(arithmetic_config, tmp_pa
 
 
 def test_ctrl_c_ends_stopped_and_the_next_run_resumes(arithmetic_config, tmp_path, monkeypatch, capsys):
-    train_on = trine.modes.sync.train_on
+    consume = trine.roles.TrainerSide.consume
 
-    def interrupt_at_step_3(st):
-        if st.step == 2:
+    def interrupt_at_step_3(side):
+        if side.version == 2:  # steps done (one stage, one version per step)
             raise KeyboardInterrupt
-        return train_on(st)
+        return consume(side)
 
     cfg = arithmetic_config({"trainer": {"save_every": 1}, "tasks": {"total_steps": 4}}, name="ctrlc")
-    monkeypatch.setattr(trine.modes.sync, "train_on", interrupt_at_step_3)
+    monkeypatch.setattr(trine.roles.TrainerSide, "consume", interrupt_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         run(load_config(cfg))
     monkeypatch.undo()
@@ -94,7 +96,7 @@ def test_every_eval_sends_a_table_of_samples_to_wandb_and_mlflow(
     assert steps == [1, 2]
     for step in steps:
         table = mlflow.load_table(f"eval/addition/samples/step_{step:06d}.json", run_ids=[run_id])
-        assert len(table) == trine.loop.EVAL_TABLE_ROWS and set(table["step"]) == {step}
+        assert len(table) == EVAL_TABLE_ROWS and set(table["step"]) == {step}
         assert {"prompt", "response", "reward", "answer"} <= set(table.columns)
         assert set(table["mode"]) == {"greedy"}
 
@@ -103,11 +105,11 @@ def test_every_eval_sends_a_table_of_samples_to_wandb_and_mlflow(
     tables = [
         (h["_step"], h["eval/addition/samples.nrows"]) for h in history if "eval/addition/samples.nrows" in h
     ]
-    assert tables == [(1, trine.loop.EVAL_TABLE_ROWS), (2, trine.loop.EVAL_TABLE_ROWS)]
+    assert tables == [(1, EVAL_TABLE_ROWS), (2, EVAL_TABLE_ROWS)]
     first = json.loads((offline / "files" / history[0]["eval/addition/samples.path"]).read_text())
     rows = [dict(zip(first["columns"], row)) for row in first["data"]]
     prompts = [
         json.loads(line)["question"] for line in (EXAMPLE / "data" / "eval.jsonl").read_text().splitlines()
     ]
-    assert [r["prompt"] for r in rows] == prompts[: trine.loop.EVAL_TABLE_ROWS]
+    assert [r["prompt"] for r in rows] == prompts[:EVAL_TABLE_ROWS]
     assert all(r["reward"] in (0.0, 1.0) and isinstance(r["response"], str) for r in rows)

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-import trine.modes.sync
+import trine.roles
 from tests.e2e.conftest import read_metrics
 from trine.buffer.inspect import read_rows
 from trine.config import load_config
@@ -47,15 +47,15 @@ def test_crash_between_checkpoints_resumes_bit_identical(arithmetic_config, tmp_
     reference = _stable(read_metrics(tmp_path / "full"))
     assert [r["step"] for r in reference] == [1, 2, 3, 4, 5, 6]
 
-    train_on = trine.modes.sync.train_on
+    consume = trine.roles.TrainerSide.consume
 
-    def crash_after_step_3(st):
-        if st.step == 3:  # step 3 is logged, no checkpoint at 3; batch 4 is explored, not trained
+    def crash_after_step_3(side):
+        if side.version == 3:  # step 3 is logged, no checkpoint at 3; batch 4 is explored, not trained
             raise Crash("simulated crash after step 3")
-        return train_on(st)
+        return consume(side)
 
     crashed = arithmetic_config(OVERRIDES, name="crashed")
-    monkeypatch.setattr(trine.modes.sync, "train_on", crash_after_step_3)
+    monkeypatch.setattr(trine.roles.TrainerSide, "consume", crash_after_step_3)
     with pytest.raises(Crash):
         run(load_config(crashed))
     monkeypatch.undo()

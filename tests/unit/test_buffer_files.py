@@ -135,6 +135,7 @@ def test_file_buffer_log_lines_are_plain_experiences_and_events(tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0] == pending.to_dict() | {"reward": None}
     assert lines[1:] == [
+        {"_event": "batch", "batch": 1, "size": 1},  # the put was one explored batch
         {"_event": "reward", "id": pending.id, "reward": 2.0},
         {"_event": "consumed", "ids": [pending.id]},
     ]

@@ -66,6 +66,7 @@ def reopen(request: pytest.FixtureRequest, tmp_path: Path):
         engine = sa.create_engine(PG_URL)
         with engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}_batches"))
         engine.dispose()
 
 

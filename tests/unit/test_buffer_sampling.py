@@ -87,6 +87,7 @@ class Storages:
         buf._engines()
         with buf._engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.table}"))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.table}_batches"))
         for b in self.opened:
             b.close()
 

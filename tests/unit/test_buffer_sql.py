@@ -61,6 +61,7 @@ def _sql(url: str, request: pytest.FixtureRequest) -> SQLBuffer:
         buf._engines()
         with buf._engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE {buf.table_name}"))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {buf.table_name}_batches"))
         buf.close()
 
     request.addfinalizer(drop)

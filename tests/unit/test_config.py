@@ -390,10 +390,10 @@ def test_engine_and_weight_sync_method_are_checked(project):
     data = _good(project)
     data["sync"] = {"method": "copy"}
     (cfg,), errors = validate_dict(data, base_dir=project)
-    assert not errors and cfg.sync.resolved_method == "copy" and cfg.model.engine == "hf"
+    assert not errors and cfg.sync_method == "copy" and cfg.model.engine == "hf"
     data["sync"] = {"sync_offset": 2}
     (cfg,), _ = validate_dict(data, base_dir=project)
-    assert cfg.sync.resolved_method == "copy"  # running ahead needs a snapshot
+    assert cfg.sync_method == "copy"  # running ahead needs a snapshot
     data = _good(project)
     data.update(mode="train", algorithm={"name": "sft"}, sync={"method": "copy"})
     _, errors = validate_dict(data, base_dir=project)

@@ -31,7 +31,7 @@ PACKAGE = Path(trine.__file__).resolve().parent
 # Top-level names of the package (module trine/x.py or package trine/x/), by group. `monitor` counts
 # as a stage (docs/architecture.md: it imports no other part); `trine` is the lazy public facade.
 STAGES = {"workflows", "buffer", "trainer", "sync", "tasks", "explorer", "rewards", "monitor"}
-BASE = {"types", "config", "config_format", "config_overrides", "registry", "models", "blocking", "status"}
+BASE = {"types", "config", "config_checks", "config_format", "config_overrides", "registry", "models", "blocking", "status"}
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
 ENTRY_POINTS = {"trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "serve", "studio", "distributed"}
 WIRING = ENTRY_POINTS | {"roles", "build", "rundir", "refill", "preflight"}
@@ -48,10 +48,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The explorer scores each experience through the reward contract. Goes when the contract is
     # handed to the explorer by the wiring (or moves to a base module).
     ("trine.explorer", "trine.rewards"): "explorer calls rewards.evaluate_reward",
-    # RunDir types its checkpoint state (stage_state / restore_stage) on build.Stage and calls
-    # build.load_policy / build.set_threads. Goes with the roles refactor (roles replace Stage) and
-    # model loading handed to it by the wiring.
-    ("trine.rundir", "trine.build"): "rundir saves/restores build.Stage and loads the policy; roles refactor",
 }
 
 

@@ -342,28 +342,43 @@ def storage_contract(c: Contract) -> None:
         @trine.register("storage", "contract_storage")
         class ListStorage:
             def __init__(self, rules, capacity: int = 100):
-                self.rules, self.capacity, self.rows = rules, capacity, []
+                self.rules, self.capacity, self.rows, self.batches = rules, capacity, [], []
 
-            def put(self, experiences):
+            def put(self, experiences):  # one explored batch: remember its size
                 self.rows = (self.rows + list(experiences))[-self.capacity:]
+                self.batches.append(len(experiences))
 
             def get(self, n, *, min_version=None, current_version=None, timeout=None):
-                if len(self.rows) < n:
-                    raise BufferTimeout(f"{len(self.rows)} of {n} experiences")
-                out, self.rows = self.rows[:n], self.rows[n:]
+                size = n if n is not None else (self.batches[0] if self.batches else None)
+                if size is None:
+                    raise BufferTimeout("no explored batch arrived")
+                if len(self.rows) < size:
+                    raise BufferTimeout(f"{len(self.rows)} of {size} experiences")
+                if n is None:
+                    self.batches.pop(0)
+                out, self.rows = self.rows[:size], self.rows[size:]
                 return out
+
+            def set_rewards(self, rewards):
+                pending = [e for e in self.rows if e.reward is None and e.id in rewards]
+                for e in pending:
+                    e.reward = float(rewards[e.id])
+                return len(pending)
+
+            def batches_waiting(self):
+                return len(self.batches)
 
             def metrics(self):
                 return {"buffer/size": float(len(self.rows))}
 
             def state_dict(self):
-                return {"rows": list(self.rows)}
+                return {"rows": list(self.rows), "batches": list(self.batches)}
 
             def load_state_dict(self, state):
-                self.rows = list(state["rows"])
+                self.rows, self.batches = list(state["rows"]), list(state.get("batches", []))
 
             def close(self):
-                self.rows = []
+                self.rows, self.batches = [], []
     """)
     cfg = c.config("buffer.storage=contract_storage", "buffer.storage_args={capacity: 3}")
     c.rejects("contract_storag", "buffer.storage=contract_storag")

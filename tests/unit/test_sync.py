@@ -145,6 +145,6 @@ def test_colocated_training_runs_on_the_engine_thread_but_not_beside_a_snapshot(
     )
     assert not errors, errors
     stage = build.build_stage(cfg, load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), tmp_path)
-    stage.trainer.step = lambda experiences: {"thread": threading.current_thread().name}
-    thread = stage.train([])["thread"]
+    stage.trainer.trainer.step = lambda experiences: {"thread": threading.current_thread().name}
+    thread = stage.trainer.train([])["thread"]
     assert thread.startswith("trine-engine") if offset == 0 else thread == threading.current_thread().name

@@ -11,14 +11,17 @@ written exactly (Python ``repr``). A :class:`FileBuffer` log adds event lines, r
 ``{"_event": "consumed", "ids": [...]}`` (one FIFO get), ``{"_event": "used", "ids": [...]}`` (one
 priority-sampler get: each use count grows by one, those at ``reuse_limit`` are consumed),
 ``{"_event": "dropped", "ids": [...]}`` (stale) and ``{"_event": "expired", "ids": [...], "reward":
-null or a number}`` (pending past ``pending_timeout``: dropped, or given the default reward).
+null or a number}`` (pending past ``pending_timeout``: dropped, or given the default reward),
+``{"_event": "batch", "batch": id, "size": n}`` (after the experiences of each put, in the same
+write: the put was one explored batch of ``n``; ``n`` may be 0) and ``{"_event": "taken", "batch":
+id}`` (``get(None)`` took that explored batch; written with the get's hand-out).
 ``{"_event": "rewind", "to": N}`` (a run resumed from a checkpoint taken when the log held ``N``
 records) undoes what the records between the ``N``-th and itself did: experiences put there are
-*rolled back* (gone), hand-outs, stale drops and expiries there are undone; only the rewards filled
-in there (by a grader, which will not send them again) stay. :func:`resolve_rewinds` gives the
-records in effect. :func:`import_experiences` reads the records in effect, applies the rewards of
-``reward`` and ``expired`` events and ignores the others, so a buffer's log imports as its
-experiences (without rolled-back ones).
+*rolled back* (gone) with their batch records, hand-outs (and batches taken), stale drops and
+expiries there are undone; only the rewards filled in there (by a grader, which will not send them
+again) stay. :func:`resolve_rewinds` gives the records in effect. :func:`import_experiences`
+reads the records in effect, applies the rewards of ``reward`` and ``expired`` events and ignores
+the others, so a buffer's log imports as its experiences (without rolled-back ones).
 
 ``.parquet`` — columns ``id`` string, ``tokens`` list<int32>, ``prompt_length`` int32,
 ``action_mask`` list<int32>, ``logprobs`` list<float32> (null when None), ``reward`` float64 (null
@@ -172,10 +175,11 @@ def _repair_tail(path: Path) -> None:
 class FileBuffer(MemoryBuffer):
     """A buffer kept as an append-only jsonl log (format in the module docstring).
 
-    Every put, reward, hand-out, stale drop and pending expiry is appended (and flushed) before it
-    takes effect, and opening an existing file replays the log, so the buffer survives restarts
-    and its file can be read with :func:`import_experiences`. The in-memory state and the sampling
-    options (``**options``: ``rules``, ``clock``) are exactly
+    Every put (with its explored-batch record), reward, hand-out (with the batch it took), stale
+    drop and pending expiry is appended (and flushed) before it takes effect, and opening an
+    existing file replays the log, so the buffer survives restarts and its file can be read with
+    :func:`import_experiences`. The in-memory state and the sampling options (``**options``:
+    ``rules``, ``clock``) are exactly
     :class:`~trine.buffer.memory.MemoryBuffer`'s, without ``capacity``. Pending timeouts restart
     when the file is reopened. Thread-safe, but **single process**: two processes appending to one
     file would each hand out the same experiences; use :class:`~trine.buffer.sql.SQLBuffer` for that.

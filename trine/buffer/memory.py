@@ -4,7 +4,9 @@
 experiences and keeps ``reward=None`` ones pending; ``set_rewards`` fills pending ones (by id or by
 ``(task_id, run_id)``); ``get(n)`` takes exactly ``n`` trainable experiences by the rules of
 :mod:`trine.buffer.sampling` (FIFO by default: put order, each handed out once), or raises
-``BufferTimeout`` consuming nothing.
+``BufferTimeout`` consuming nothing. Every ``put`` also records one explored batch (an id from a
+counter, and its size); ``get(None)`` takes the oldest batch record not taken yet and hands out
+what ``get(size)`` would (``[]`` for an empty batch), taking the record only with the rows.
 
 Every change of state is an *event* (a dict with an ``"_event"`` key, see
 :mod:`trine.buffer.files`) applied by :meth:`MemoryBuffer._apply`; subclasses that persist the
@@ -75,6 +77,10 @@ class MemoryBuffer:
         """Get calls that returned a batch (the cooldown counts these)."""
         self.last_batch: dict[str, float] = {}
         """``buffer/reuse`` and ``buffer/staleness_*`` of the last batch handed out."""
+        self._batches: dict[int, int] = {}
+        """Explored batches not taken by ``get(None)`` yet: batch id -> size, oldest first."""
+        self._next_batch = 1
+        """Id of the next explored batch (one per ``put``)."""
 
     # -- changes of state -------------------------------------------------------------------------
 
@@ -84,6 +90,7 @@ class MemoryBuffer:
     def _clear(self) -> None:
         """Forget every experience and counter (a persistent subclass then replays its log)."""
         self._ready, self._pending, self._seq = {}, {}, 0
+        self._batches, self._next_batch = {}, 1
         self.dropped_stale = self.consumed = self.pending_expired = self.gets = 0
         self.last_batch = {}
 
@@ -118,6 +125,11 @@ class MemoryBuffer:
             for exp_id in event["ids"]:
                 self._ready.pop(exp_id, None)
             self.dropped_stale += len(event["ids"])
+        elif kind == "batch":  # one put: an explored batch of "size" experiences
+            self._batches[int(event["batch"])] = int(event["size"])
+            self._next_batch = max(self._next_batch, int(event["batch"]) + 1)
+        elif kind == "taken":  # get(None) took that explored batch
+            self._batches.pop(int(event["batch"]), None)
         elif kind in ("consumed", "used"):  # one get: "consumed" = for good, "used" = may replay
             self.gets += 1
             self.consumed += len(event["ids"])
@@ -132,7 +144,7 @@ class MemoryBuffer:
     # -- the Buffer protocol ----------------------------------------------------------------------
 
     def put(self, experiences: list[Experience]) -> None:
-        """Store experiences (those with ``reward=None`` wait as pending)."""
+        """Store experiences (those with ``reward=None`` wait as pending) as one explored batch."""
         for e in experiences:
             e.check()
         with self._cond:
@@ -143,9 +155,11 @@ class MemoryBuffer:
                         f"put: experience id {e.id!r} is already stored; give each Experience a fresh id."
                     )
                 seen.add(e.id)
-            self._journal([e.to_dict() for e in experiences])
+            batch = {"_event": "batch", "batch": self._next_batch, "size": len(experiences)}
+            self._journal([*(e.to_dict() for e in experiences), batch])
             for e in experiences:
                 self._add(e)
+            self._apply(batch)
             excess = 0 if self.capacity is None else len(self._ready) - self.capacity
             for slot in sorted(self._ready.values(), key=lambda s: s.seq)[: max(excess, 0)]:
                 del self._ready[slot.exp.id]
@@ -175,7 +189,7 @@ class MemoryBuffer:
 
     def get(
         self,
-        n: int,
+        n: int | None,
         *,
         min_version: int | None = None,
         current_version: int | None = None,
@@ -185,32 +199,49 @@ class MemoryBuffer:
 
         ``min_version`` and ``current_version`` (with ``max_staleness``) set the staleness floor;
         ``current_version`` also gives ``buffer/staleness_*``. Nothing is consumed on timeout.
+        ``n=None``: the oldest explored batch not taken yet, whole (see :class:`~trine.buffer.base.Buffer`).
         """
-        if n <= 0:
+        if n is not None and n <= 0:
             raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
         floor = self.rules.floor(min_version, current_version)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                self._housekeep(floor)
-                eligible = self._eligible()
-                chosen = arrange(eligible, n, self._group_of if self.rules.whole_groups else None)
-                if chosen is not None:
-                    return self._hand_out(chosen, current_version)
-                if self._closed:
-                    raise BufferTimeout(
-                        f"buffer closed with {len(eligible)} of {n} requested experiences ready"
-                    )
+                batch = next(iter(self._batches.items()), None) if n is None else None
+                size, eligible = (n if batch is None else batch[1]), None
+                if size == 0 and batch is not None:  # an explored batch with nothing in it
+                    self._record({"_event": "taken", "batch": batch[0]})
+                    return []
+                if size is not None:
+                    self._housekeep(floor)
+                    eligible = self._eligible()
+                    chosen = arrange(eligible, size, self._group_of if self.rules.whole_groups else None)
+                    if chosen is not None:
+                        return self._hand_out(chosen, current_version, None if batch is None else batch[0])
                 remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    waiting = len(self._ready) - len(eligible)
-                    raise BufferTimeout(
-                        f"only {len(eligible)} of {n} experiences were ready after {timeout}s "
-                        f"({len(self._pending)} pending a reward"
-                        + (f", {waiting} waiting for a cooldown or their group" if waiting else "")
-                        + "); raise buffer.get_timeout or check the explorer."
-                    )
+                if self._closed or (remaining is not None and remaining <= 0):
+                    raise self._not_ready(size, eligible, timeout)
                 self._cond.wait(self._wait_time(remaining))
+
+    def _not_ready(self, n: int | None, eligible: list[_Slot] | None, timeout: float | None) -> BufferTimeout:
+        """The error of a get that is giving up (closed, or ``timeout`` passed); ``n`` None: no batch."""
+        if eligible is None:
+            if self._closed:
+                return BufferTimeout("buffer closed with no explored batch waiting for get(None)")
+            return BufferTimeout(
+                f"no explored batch arrived within {timeout}s; every batch put so far was taken "
+                f"({len(self._ready)} experiences ready, {len(self._pending)} pending a reward); "
+                "raise buffer.get_timeout or check the explorer."
+            )
+        if self._closed:
+            return BufferTimeout(f"buffer closed with {len(eligible)} of {n} requested experiences ready")
+        waiting = len(self._ready) - len(eligible)
+        return BufferTimeout(
+            f"only {len(eligible)} of {n} experiences were ready after {timeout}s "
+            f"({len(self._pending)} pending a reward"
+            + (f", {waiting} waiting for a cooldown or their group" if waiting else "")
+            + "); raise buffer.get_timeout or check the explorer."
+        )
 
     @staticmethod
     def _group_of(slot: _Slot) -> str:
@@ -243,12 +274,18 @@ class MemoryBuffer:
             slots.sort(key=lambda s: s.seq)
         return slots
 
-    def _hand_out(self, chosen: list[_Slot], current_version: int | None) -> list[Experience]:
+    def _hand_out(
+        self, chosen: list[_Slot], current_version: int | None, batch: int | None = None
+    ) -> list[Experience]:
+        """Record the hand-out of ``chosen`` (and the taking of explored ``batch``, in the same write)."""
         uses = [s.uses + 1 for s in chosen]
         versions = [s.exp.policy_version for s in chosen]
-        self._record(
-            {"_event": "used" if self.rules.replay else "consumed", "ids": [s.exp.id for s in chosen]}
-        )
+        events = [{"_event": "used" if self.rules.replay else "consumed", "ids": [s.exp.id for s in chosen]}]
+        if batch is not None:
+            events.append({"_event": "taken", "batch": batch})
+        self._journal(events)
+        for event in events:
+            self._apply(event)
         self.last_batch = batch_metrics(self.rules, uses, versions, current_version)
         return [s.exp for s in chosen]
 
@@ -262,6 +299,11 @@ class MemoryBuffer:
 
     def __len__(self) -> int:
         return len(self._ready)
+
+    def batches_waiting(self) -> int:
+        """Explored batches (one per ``put``) not taken by ``get(None)`` yet."""
+        with self._cond:
+            return len(self._batches)
 
     def metrics(self) -> dict[str, float]:
         """``buffer/*`` metrics (names in :mod:`trine.buffer.sampling`); expires timed-out pending ones."""
@@ -293,17 +335,21 @@ class MemoryBuffer:
         self.last_batch = dict(state.get("last_batch", self.last_batch))
 
     def state_dict(self) -> dict[str, Any]:
-        """Experiences, their use counts and the counters (pending timeouts restart on load)."""
+        """Experiences, their use counts, the explored batches not taken yet (``batches``: ``[id,
+        size]`` pairs, and ``next_batch``) and the counters (pending timeouts restart on load)."""
         with self._cond:
             slots = sorted([*self._ready.values(), *self._pending.values()], key=lambda s: s.seq)
             return {
                 "ready": [s.exp.to_dict() for s in slots if s.exp.id in self._ready],
                 "pending": [s.exp.to_dict() for s in slots if s.exp.id in self._pending],
                 "slots": {s.exp.id: [s.seq, s.uses, s.last_get] for s in slots},
+                "batches": [[b, size] for b, size in self._batches.items()],
+                "next_batch": self._next_batch,
                 **self._counters(),
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (a state from before batch records has none)."""
         with self._cond:
             now, meta = self.clock(), state.get("slots", {})
             self._ready, self._pending = {}, {}
@@ -313,6 +359,8 @@ class MemoryBuffer:
                     seq, uses, last_get = meta.get(e.id, (self._seq, 0, None))
                     target[e.id] = _Slot(e, seq, now, uses, last_get)
                     self._seq = max(self._seq, seq) + 1
+            self._batches = {int(b): int(size) for b, size in sorted(state.get("batches", []))}
+            self._next_batch = int(state.get("next_batch", max(self._batches, default=0) + 1))
             self._load_counters(state)
 
     def close(self) -> None:

@@ -27,6 +27,14 @@ every ``get(n, min_version=..., current_version=...)``, in this order:
    it reaches ``reuse_limit`` the experience is consumed for good, otherwise it stays for replay.
    FIFO hands each experience out exactly once (``reuse_limit`` must be 1).
 
+**Explored batches.** Every ``put`` records one explored batch (its size; ``put([])`` an empty
+one). ``get(None, ...)`` takes the oldest batch record not taken yet and then follows the steps
+above exactly as ``get(size of that put, ...)`` would (same experiences, same metrics, same
+waiting); the record is taken only together with the experiences (an empty batch gives ``[]`` at
+once), so a timeout consumes nothing. With no record waiting, ``get(None)`` waits for a ``put`` and
+then raises ``BufferTimeout``. An integer ``n`` leaves the records alone; ``batches_waiting()``
+counts them. Batch records are not a ``buffer/*`` metric.
+
 Metrics: ``buffer/size`` (trainable, not yet consumed), ``buffer/pending``,
 ``buffer/dropped_stale``, ``buffer/pending_expired`` (when ``pending_timeout`` is set),
 ``buffer/reuse`` (priority sampler: mean ``use_count``, this hand-out included, of the last get's

@@ -4,6 +4,9 @@ The database is the buffer: several explorer (writer) processes and several trai
 processes may share one database, and every experience is handed out by ``get`` exactly once
 (FIFO) or up to ``reuse_limit`` times (priority replay; rules in :mod:`trine.buffer.sampling`, as
 SQL in :mod:`trine.buffer.sql_sampling`).
+Every ``put`` also records one explored batch in the side table ``<table>_batches`` (same
+transaction), and ``get(None)`` takes the oldest one not taken yet, whole, in the transaction that
+claims its rows, so two readers never take the same batch.
 Rows are queryable with plain SQL; the layout is documented in :mod:`trine.buffer.sql_schema`.
 
 SQLAlchemy (and the PostgreSQL driver) are imported lazily, on first use of a buffer.
@@ -27,6 +30,7 @@ from trine.buffer.sql_schema import (
     READY,
     ROLLED_BACK,
     add_missing_columns,
+    build_batches_table,
     build_table,
     experience_to_row,
     row_to_experience,
@@ -69,6 +73,14 @@ class SQLBuffer:
     ``get`` polls (every ``poll_interval`` seconds, sooner after a ``put`` in this process) until
     ``timeout`` and then raises :class:`BufferTimeout`. Consumed rows stay in the table (for
     queries and export); they are never handed out again.
+
+    Explored batches: each ``put`` (``put([])`` too) inserts one row into ``<table>_batches``
+    (``size``, ``created_at``) in the transaction that inserts its rows. ``get(None)`` peeks at the
+    oldest batch not taken yet and then behaves exactly as ``get(size)``; the claim transaction
+    picks that oldest batch again (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: under ``BEGIN
+    IMMEDIATE``), claims ``size`` rows and sets the batch's ``taken_at``, so the batch is taken if
+    and only if its rows are (an empty batch is taken alone and gives ``[]``). With no batch
+    waiting, ``get(None)`` polls until ``timeout``. An integer ``n`` leaves the batches alone.
 
     Pending rows (``reward=None``) are stored with status ``"pending"`` and become ready through
     :meth:`set_rewards`. Works from threads and from processes (fork or spawn): each process opens
@@ -129,12 +141,13 @@ class SQLBuffer:
         self._engine: Any = None
         self._write_engine: Any = None
         self._table: Any = None
+        self._batches: Any = None
         self._lock = threading.Lock()
         self._cond = threading.Condition()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_engine", "_write_engine", "_table", "_lock", "_cond", "_pid"):
+        for key in ("_engine", "_write_engine", "_table", "_batches", "_lock", "_cond", "_pid"):
             state.pop(key)
         return state
 
@@ -172,6 +185,7 @@ class SQLBuffer:
             engine = sa.create_engine(url, pool_pre_ping=True)
             write_engine = engine
         table = build_table(sa.MetaData(), self.table_name)
+        batches = build_batches_table(table.metadata, self.table_name)  # created for old databases too
 
         def create() -> None:
             table.metadata.create_all(write_engine)
@@ -186,7 +200,7 @@ class SQLBuffer:
                 f"SQLBuffer could not open {url.render_as_string(hide_password=True)!r}: {err.orig}; "
                 "start the database server (scripts/postgres.sh for a local one) or fix the url."
             ) from err
-        self._engine, self._write_engine, self._table = engine, write_engine, table
+        self._engine, self._write_engine, self._table, self._batches = engine, write_engine, table, batches
 
     def _retry(self, fn: Any, *, what: str, attempts: int = 20) -> Any:
         """Run ``fn`` again after transient lock/deadlock errors (and a create-table race)."""
@@ -206,11 +220,10 @@ class SQLBuffer:
     # -- the Buffer protocol ----------------------------------------------------------------------
 
     def put(self, experiences: list[Experience]) -> None:
-        """Store experiences: those with a reward become trainable, ``reward=None`` ones pending."""
+        """Store experiences (those with a reward become trainable, ``reward=None`` ones pending) and
+        record them as one explored batch, in one transaction."""
         for e in experiences:
             e.check()
-        if not experiences:
-            return
         _, write = self._engines()
         now = self.clock()
         rows = [experience_to_row(e, now) for e in experiences]
@@ -218,7 +231,9 @@ class SQLBuffer:
 
         def insert() -> None:
             with write.begin() as conn:
-                conn.execute(sa.insert(self._table), rows)
+                if rows:
+                    conn.execute(sa.insert(self._table), rows)
+                conn.execute(sa.insert(self._batches).values(size=len(rows), created_at=now))
 
         try:
             self._retry(insert, what="put")
@@ -265,7 +280,7 @@ class SQLBuffer:
 
     def get(
         self,
-        n: int,
+        n: int | None,
         *,
         min_version: int | None = None,
         current_version: int | None = None,
@@ -274,48 +289,71 @@ class SQLBuffer:
         """Take ``n`` trainable experiences by the sampling rules, or raise :class:`BufferTimeout`.
 
         See the class docstring for the consumption rule; nothing is consumed on timeout.
+        ``n=None``: the oldest explored batch not taken yet, whole (class docstring).
         """
-        if n <= 0:
+        if n is not None and n <= 0:
             raise ValueError(f"Buffer.get(n={n}): n must be a positive number of experiences.")
         floor = self.rules.floor(min_version, current_version)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            ready, due = self._retry(lambda: self._peek(floor), what="get")
-            if ready >= n or due:
+            ready, due, batch = self._retry(lambda: self._peek(floor, by_batch=n is None), what="get")
+            size = n if batch is None else batch.size
+            if size is not None and (size == 0 or ready >= size or due):
                 got = self._retry(lambda: self._claim(n, floor), what="get")
                 if got is not None:
-                    rows, uses = got
-                    versions = [r.policy_version for r in rows]
-                    with self._lock:
-                        self.consumed += n
-                        self.last_batch = batch_metrics(self.rules, uses, versions, current_version)
-                    return [row_to_experience(r) for r in rows]
+                    return self._handed_out(*got, current_version)
             if self._closed:
-                raise BufferTimeout(f"buffer closed with {ready} of {n} requested experiences ready")
+                if size is None:
+                    raise BufferTimeout("buffer closed with no explored batch waiting for get(None)")
+                raise BufferTimeout(f"buffer closed with {ready} of {size} requested experiences ready")
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                counts = self._counts()
-                waiting = counts["size"] - ready
-                raise BufferTimeout(
-                    f"only {ready} of {n} experiences were ready after {timeout}s "
-                    f"({counts['pending']} pending a reward"
-                    + (f", {waiting} waiting for a cooldown or their group" if waiting > 0 else "")
-                    + "); raise buffer.get_timeout or check the explorer."
-                )
+                raise self._timed_out(size, ready, timeout)
             wait = self.poll_interval if remaining is None else min(self.poll_interval, remaining)
             with self._cond:
                 self._cond.wait(wait)
 
-    def _peek(self, floor: int | None) -> tuple[int, bool]:
-        """(rows eligible now, whether expiry or stale drops are due) without taking a lock."""
+    def _handed_out(self, rows: list[Any], uses: list[int], current_version: int | None) -> list[Experience]:
+        """Count a claimed batch of rows and rebuild its experiences (an empty batch counts nothing)."""
+        if not rows:
+            return []
+        versions = [r.policy_version for r in rows]
+        with self._lock:
+            self.consumed += len(rows)
+            self.last_batch = batch_metrics(self.rules, uses, versions, current_version)
+        return [row_to_experience(r) for r in rows]
+
+    def _timed_out(self, n: int | None, ready: int, timeout: float | None) -> BufferTimeout:
+        """The error of a get whose ``timeout`` passed (``n`` None: no explored batch was waiting)."""
+        counts = self._counts()
+        if n is None:
+            return BufferTimeout(
+                f"no explored batch arrived within {timeout}s; every batch put so far was taken "
+                f"({counts['size']} experiences ready, {counts['pending']} pending a reward); "
+                "raise buffer.get_timeout or check the explorer."
+            )
+        waiting = counts["size"] - ready
+        return BufferTimeout(
+            f"only {ready} of {n} experiences were ready after {timeout}s "
+            f"({counts['pending']} pending a reward"
+            + (f", {waiting} waiting for a cooldown or their group" if waiting > 0 else "")
+            + "); raise buffer.get_timeout or check the explorer."
+        )
+
+    def _peek(self, floor: int | None, *, by_batch: bool = False) -> tuple[int, bool, Any]:
+        """(rows eligible now, whether expiry or stale drops are due, the oldest explored batch not
+        taken yet when ``by_batch``, else None) without taking a lock."""
         read, _ = self._engines()
         with read.connect() as conn:
-            return q.peek(conn, self._table, self.rules, floor, self.clock())
+            ready, due = q.peek(conn, self._table, self.rules, floor, self.clock())
+            return ready, due, q.oldest_batch(conn, self._batches) if by_batch else None
 
-    def _claim(self, n: int, floor: int | None) -> tuple[list[Any], list[int]] | None:
+    def _claim(self, n: int | None, floor: int | None) -> tuple[list[Any], list[int]] | None:
         """One transaction: expire pending rows, drop stale ones, then claim ``n`` rows if eligible.
 
-        Returns the claimed rows and their use counts after this hand-out, or None.
+        ``n`` None: first pick the oldest explored batch not taken yet (None if there is none; an
+        empty one is taken alone), claim its size and take it with the rows. Returns the claimed
+        rows and their use counts after this hand-out, or None.
         """
         import sqlalchemy as sa
 
@@ -328,12 +366,20 @@ class SQLBuffer:
                     lock = sa.func.pg_advisory_xact_lock(zlib.crc32(self.table_name.encode()))
                     conn.execute(sa.select(lock))
                 now = self.clock()
+                batch = q.oldest_batch(conn, self._batches, lock=True) if n is None else None
+                if n is None and (batch is None or batch.size == 0):
+                    if batch is not None:
+                        q.take_batch(conn, self._batches, batch.batch, now)
+                    return None if batch is None else ([], [])
+                size = n if batch is None else batch.size
                 expired = q.expire_pending(conn, t, rules, now)
                 dropped = q.drop_stale(conn, t, floor)
                 number = q.next_get(conn, t) if rules.replay else None
-                rows = q.choose(conn, t, rules, n, floor, number)
+                rows = q.choose(conn, t, rules, size, floor, number)
                 if rows is not None:
                     q.mark(conn, t, rules, rows, number, now)
+                    if batch is not None:
+                        q.take_batch(conn, self._batches, batch.batch, now)
         except q.LostClaim:
             return None
         with self._lock:  # committed
@@ -377,6 +423,16 @@ class SQLBuffer:
     def __len__(self) -> int:
         return self._counts()["size"]
 
+    def batches_waiting(self) -> int:
+        """Explored batches (one per ``put``, by every process) not taken by ``get(None)`` yet."""
+        read, _ = self._engines()
+
+        def count() -> int:
+            with read.connect() as conn:
+                return q.batches_waiting(conn, self._batches)
+
+        return self._retry(count, what="count batches")
+
     def metrics(self) -> dict[str, float]:
         """``buffer/*`` metrics (names in :mod:`trine.buffer.sampling`); counts cover all processes.
 
@@ -402,32 +458,42 @@ class SQLBuffer:
         ``rewind`` holds ``mark`` (the largest ``seq``) and the rows not consumed at this moment:
         ``ready`` and ``pending`` as ``[first, last]`` seq ranges (unused rows), and ``used`` as
         ``[seq, use_count, last_get]`` (rows the priority sampler handed out but may replay);
-        None until this object has used the database.
+        ``batches`` holds ``mark`` (the largest explored-batch id) and ``untaken`` (the batches not
+        taken yet, as ``[first, last]`` id ranges). Both None until this object has used the database.
         """
         import sqlalchemy as sa
 
+        marks = None if self._engine is None else self._retry(self._marks, what="read the mark")
         return {
             "url": sa.make_url(self.url).render_as_string(hide_password=True),
             "table": self.table_name,
             "counters": {"consumed": self.consumed, "dropped_stale": self.dropped_stale},
             "sampling": {"pending_expired": self.pending_expired, "last_batch": dict(self.last_batch)},
             # an object that never opened the database (nothing put or taken) records no mark
-            "rewind": None if self._engine is None else self._retry(self._mark, what="read the mark"),
+            "rewind": None if marks is None else marks[0],
+            "batches": None if marks is None else marks[1],
         }
 
-    def _mark(self) -> dict[str, Any]:
+    def _marks(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The rows' mark (``rewind`` in :meth:`state_dict`) and the batches' (``batches``), read together."""
+        read, _ = self._engines()
+        with read.connect() as conn:
+            # batches first: a put landing in between leaves rows past the batch mark (rolled back
+            # or kept, never handed out by get(None)), never a batch whose rows were rolled back
+            batch_mark, untaken = q.batch_mark(conn, self._batches)
+            return self._mark(conn), {"mark": batch_mark, "untaken": _ranges(untaken)}
+
+    def _mark(self, conn: Any) -> dict[str, Any]:
         import sqlalchemy as sa
 
-        read, _ = self._engines()
         t = self._table
-        with read.connect() as conn:
-            mark = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.c.seq), 0))).scalar())
-            cols = sa.select(t.c.seq, t.c.reward_status, t.c.use_count, t.c.last_get)
-            open_rows = conn.execute(
-                cols.where(
-                    t.c.seq <= mark, t.c.consumed_at.is_(None), t.c.reward_status.in_((READY, PENDING))
-                ).order_by(t.c.seq)
-            ).all()
+        mark = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.c.seq), 0))).scalar())
+        cols = sa.select(t.c.seq, t.c.reward_status, t.c.use_count, t.c.last_get)
+        open_rows = conn.execute(
+            cols.where(
+                t.c.seq <= mark, t.c.consumed_at.is_(None), t.c.reward_status.in_((READY, PENDING))
+            ).order_by(t.c.seq)
+        ).all()
         fresh = [r for r in open_rows if r.use_count == 0 and r.last_get is None]
         return {
             "mark": mark,
@@ -448,7 +514,10 @@ class SQLBuffer:
         checkpoint get back their status, ``use_count``, ``last_get`` and ``priority`` of then, with
         ``consumed_at`` NULL: hand-outs, stale drops and expiries after it are undone, rewards
         filled in after it stay. ``last_rewind`` says how many rows were rolled back and restored.
-        After a clean stop nothing changes. With ``rewind=False`` only the counters are restored.
+        In the same transaction the explored batches recorded after the checkpoint's batch ``mark``
+        are deleted and those not taken at the checkpoint are not taken again (a state saved before
+        batch records existed rewinds the rows only). After a clean stop nothing changes. With
+        ``rewind=False`` only the counters are restored.
         """
         if state.get("table", self.table_name) != self.table_name:
             raise ValueError(
@@ -463,9 +532,10 @@ class SQLBuffer:
         self.last_batch = dict(sampling.get("last_batch", {}))
         self.last_rewind = {"rolled_back": 0, "restored": 0}
         if self.rewind and state.get("rewind") is not None:
-            self.last_rewind = self._retry(lambda: self._rewind(state["rewind"]), what="rewind")
+            batches = state.get("batches")
+            self.last_rewind = self._retry(lambda: self._rewind(state["rewind"], batches), what="rewind")
 
-    def _rewind(self, rw: dict[str, Any]) -> dict[str, int]:
+    def _rewind(self, rw: dict[str, Any], batches: dict[str, Any] | None) -> dict[str, int]:
         import sqlalchemy as sa
 
         _, write = self._engines()
@@ -504,7 +574,8 @@ class SQLBuffer:
             for seq, uses, last_get in rw.get("used", []):
                 stmt = sa.update(t).where(t.c.seq == seq, moved(uses, last_get))
                 restored += run(stmt.values(reward_status=READY, **reset(uses, last_get))).rowcount
-        if rolled or restored:
+            untaken = 0 if batches is None else _rewind_batches(conn, self._batches, batches)
+        if rolled or restored or untaken:
             self._wake()
         return {"rolled_back": rolled, "restored": restored}
 
@@ -514,7 +585,7 @@ class SQLBuffer:
         self._wake()
         if self._engine is not None and self._pid == os.getpid():
             self._engine.dispose()
-            self._engine = self._write_engine = self._table = None
+            self._engine = self._write_engine = self._table = self._batches = None
 
     def __repr__(self) -> str:
         import sqlalchemy as sa
@@ -532,6 +603,18 @@ def _ranges(seqs: list[int]) -> list[list[int]]:
         else:
             out.append([seq, seq])
     return out
+
+
+def _rewind_batches(conn: Any, b: Any, mark: dict[str, Any]) -> int:
+    """Delete the batches recorded after ``mark["mark"]``; un-take those in ``mark["untaken"]``
+    (ranges) that were taken since. Returns how many batches changed."""
+    import sqlalchemy as sa
+
+    changed = conn.execute(sa.delete(b).where(b.c.batch > int(mark["mark"]))).rowcount
+    for within in _in_ranges(b.c.batch, mark.get("untaken", [])):
+        stmt = sa.update(b).where(within, b.c.taken_at.is_not(None)).values(taken_at=None)
+        changed += conn.execute(stmt).rowcount
+    return changed
 
 
 def _in_ranges(column: Any, ranges: list[list[int]], chunk: int = 200) -> Iterator[Any]:

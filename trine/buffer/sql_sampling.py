@@ -5,8 +5,9 @@ Each function takes an open connection (inside the caller's transaction), the ta
 :mod:`trine.buffer.sql_schema`: ``reward_status``, ``consumed_at``, ``use_count``, ``priority``
 (``policy_version - use_count * reuse_decay``, kept up to date at every priority-sampler hand-out,
 so the priority order is ``ORDER BY priority DESC, seq``), ``last_get`` (number of the get that last handed the row
-out: the next get's number is ``max(last_get) + 1``) and ``expired_at``. SQLAlchemy is imported
-lazily.
+out: the next get's number is ``max(last_get) + 1``) and ``expired_at``. The
+explored-batch functions take the ``<table>_batches`` table ``b`` (``batch``, ``size``,
+``taken_at``) instead. SQLAlchemy is imported lazily.
 """
 
 from __future__ import annotations
@@ -162,3 +163,43 @@ def counts(conn: Any, t: Any) -> dict[str, int]:
         "dropped_stale": int(stale),
         "pending_expired": int(expired),
     }
+
+
+# -- explored batches (the <table>_batches table, one row per put) ---------------------------------
+
+
+def oldest_batch(conn: Any, b: Any, *, lock: bool = False) -> Any:
+    """The oldest batch not taken yet (a row with ``batch`` and ``size``), or None.
+
+    ``lock=True`` (inside a claim) locks it, skipping batches other readers hold (PostgreSQL).
+    """
+    import sqlalchemy as sa
+
+    stmt = sa.select(b.c.batch, b.c.size).where(b.c.taken_at.is_(None)).order_by(b.c.batch).limit(1)
+    return conn.execute(stmt.with_for_update(skip_locked=True) if lock else stmt).first()
+
+
+def take_batch(conn: Any, b: Any, batch: int, now: float) -> None:
+    """Mark ``batch`` taken at ``now``; raises :class:`LostClaim` if another reader took it first."""
+    import sqlalchemy as sa
+
+    stmt = sa.update(b).where(b.c.batch == batch, b.c.taken_at.is_(None)).values(taken_at=now)
+    if conn.execute(stmt).rowcount != 1:
+        raise LostClaim
+
+
+def batches_waiting(conn: Any, b: Any) -> int:
+    """Batches not taken yet."""
+    import sqlalchemy as sa
+
+    stmt = sa.select(sa.func.count()).select_from(b).where(b.c.taken_at.is_(None))
+    return int(conn.execute(stmt).scalar())
+
+
+def batch_mark(conn: Any, b: Any) -> tuple[int, list[int]]:
+    """(the largest batch id, the ids of the batches not taken yet up to it, ascending)."""
+    import sqlalchemy as sa
+
+    mark = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(b.c.batch), 0))).scalar())
+    open_ids = sa.select(b.c.batch).where(b.c.batch <= mark, b.c.taken_at.is_(None)).order_by(b.c.batch)
+    return mark, [int(x) for x in conn.execute(open_ids).scalars()]

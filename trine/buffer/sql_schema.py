@@ -39,6 +39,20 @@ token_rewards      bytes, null     float32 little-endian
 info               JSON            ``Experience.info`` (the whole dict; the copies above are for queries)
 =================  ==============  =====================================================================
 
+Beside it, the table ``<table>_batches`` (e.g. ``experiences_batches``) holds one row per ``put``:
+the explored batches, which ``get(None)`` hands out whole (oldest first). It is written in the same
+transaction as the put's rows, and created on opening a database made by an older Trine (which then
+has no batch records for its rows).
+
+=================  ==============  =====================================================================
+column             type            meaning
+=================  ==============  =====================================================================
+batch              integer (pk)    autoincrement: put order
+size               integer         ``len(experiences)`` of the put (0: every task was skipped or filtered)
+created_at         float           the buffer's ``clock()`` at the ``put``
+taken_at           float, null     time of the ``get(None)`` that took it; NULL until then
+=================  ==============  =====================================================================
+
 A plain query works on any backend, e.g.
 ``SELECT task_id, AVG(reward) FROM experiences WHERE reward_status = 'ready' GROUP BY task_id``.
 """
@@ -121,6 +135,23 @@ def build_table(metadata: Any, name: str) -> Any:
         sa.Index(f"ix_{name}_task_run", "task_id", "run_id"),
         sa.Index(f"ix_{name}_group", "group_id"),
         sa.Index(f"ix_{name}_last_get", "last_get"),
+    )
+
+
+def build_batches_table(metadata: Any, name: str) -> Any:
+    """The ``sqlalchemy.Table`` ``<name>_batches`` in ``metadata``: one row per put (see above)."""
+    import sqlalchemy as sa
+
+    batch_type = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY = rowid
+    return sa.Table(
+        f"{name}_batches",
+        metadata,
+        sa.Column("batch", batch_type, primary_key=True, autoincrement=True),
+        sa.Column("size", sa.Integer(), nullable=False),
+        sa.Column("created_at", sa.Float(), nullable=False),
+        sa.Column("taken_at", sa.Float(), nullable=True),
+        # get(None): the oldest batch not taken yet.
+        sa.Index(f"ix_{name}_batches_open", "taken_at", "batch"),
     )
 
 

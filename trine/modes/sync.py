@@ -1,25 +1,20 @@
-"""Mode ``sync``: colocated weights; explore ``sync_interval`` batches with the current weights, then
-train on each in turn."""
+"""Mode ``sync``: explore ``sync_interval`` batches with the current weights (concurrently, one long
+tail), then train on each in turn; the weights are pushed every ``sync_interval`` steps."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from trine import build
-from trine.modes.common import explore_batches, train_on
+from trine.roles import Stage
 
 
-def steps(st: build.Stage) -> Iterator[dict[str, float]]:
-    """Colocated: explore ``sync_interval`` batches with the current weights (concurrently, one
-    long tail), then train on each in turn."""
-    while st.step < st.total_steps:
-        if not st.pending:
-            version = st.trainer.version
-            st.sync.pull(st.engine, version)
-            explore_batches(st, st.step, min(st.cfg.sync.sync_interval, st.total_steps - st.step), version)
-        if not st.pending:
-            return
-        metrics = train_on(st)
-        if st.trainer.version % st.cfg.sync.sync_interval == 0:  # shared: records the version only
-            st.sync.push(st.trainer.model, st.trainer.version)
-        yield metrics
+def steps(stage: Stage) -> Iterator[dict[str, float]]:
+    """One metrics dict per training step: the explored batch's report merged with the step's."""
+    explorer, trainer, k = stage.explorer, stage.trainer, stage.cfg.sync.sync_interval
+    assert explorer is not None
+    while stage.step < stage.total_steps:
+        if not trainer.batches_waiting():
+            explorer.produce(trainer.version, count=min(k, stage.total_steps - stage.step))
+        if not trainer.batches_waiting():
+            return  # the tasks ran out
+        yield {**explorer.report(), **trainer.consume()}

@@ -1,22 +1,17 @@
-"""Mode ``train``: trainer only, on supervised rows or preference pairs made from the taskset."""
+"""Mode ``train``: trainer only, on supervised rows or preference pairs (DPO) made from the taskset."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-from trine import build
-from trine.tasks.supervised import preference_experiences, sft_experiences
+from trine.roles import Stage
 
 
-def steps(st: build.Stage, tokenizer: Any) -> Iterator[dict[str, float]]:
-    """Trainer only: supervised rows, or preference pairs (DPO), made from the taskset."""
-    ts = st.cfg.tasks.train
-    while st.step < st.total_steps:
-        tasks = st.scheduler.next_batch(st.cfg.tasks.batch_size)
-        if not tasks:
+def steps(stage: Stage) -> Iterator[dict[str, float]]:
+    """One training step per batch of the supervised source, until it runs out."""
+    assert stage.source is not None
+    while stage.step < stage.total_steps:
+        batch = stage.source.next_batch()
+        if batch is None:
             return
-        if st.algorithm.pairwise:
-            yield st.train(preference_experiences(tasks, tokenizer, ts.chosen_key, ts.rejected_key))
-        else:
-            yield st.train(sft_experiences(tasks, tokenizer, ts.response_key))
+        yield stage.trainer.train(batch)

@@ -6,15 +6,17 @@ the explorer side calls ``pull(engine, version)`` before it explores a batch tha
 pulled), ``seconds`` the time spent moving weights (``sync/seconds``), and ``close()`` releases
 any puller that waits.
 
-Methods (``sync.method``, decided in one place: :attr:`trine.config.SyncConfig.resolved_method`):
+Methods (``sync.method``, decided in one place: :attr:`trine.config.RunConfig.sync_method`):
 
 - ``shared`` (:class:`~trine.sync.weights.SharedWeights`): colocated, the engine samples the
   trainer's own weights; nothing moves.
 - ``copy`` (:class:`~trine.sync.weights.StateDictCopy`): in-process copies into a separate explorer
   model, for an explorer that runs ahead of the trainer.
+- ``published`` (:class:`~trine.sync.published.PublishedWeights`): through a directory (in the run
+  directory), for a trainer and explorers in separate processes: versions are published atomically
+  (write, then rename) and loaded by each explorer; built as ``PublishedWeights(directory)``.
 
-Later methods (a checkpoint directory for separate processes, torch.distributed broadcast for Ray)
-implement the same protocol.
+Later methods (torch.distributed broadcast for Ray) implement the same protocol.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class WeightSync(Protocol):
 
     def pull(self, engine: RolloutModel, version: int, timeout: float | None = None) -> None:
         """Make ``engine`` sample ``version`` (explorer side), waiting up to ``timeout`` seconds for it."""
+        ...
+
+    def latest(self) -> int | None:
+        """The newest version pushed and still available to pull (None: nothing pushed yet)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -30,6 +30,9 @@ class SharedWeights:
     def pull(self, engine: RolloutModel, version: int, timeout: float | None = None) -> None:
         engine.policy_version = version
 
+    def latest(self) -> int | None:
+        return self.version
+
     def state_dict(self) -> dict[str, Any]:
         return {"version": self.version}
 
@@ -71,6 +74,10 @@ class StateDictCopy:
         start = time.perf_counter()
         engine.load_weights(state, version)
         self.seconds += time.perf_counter() - start
+
+    def latest(self) -> int | None:
+        with self._cond:
+            return max(self._states, default=None)
 
     def state_dict(self) -> dict[str, Any]:
         with self._cond:

@@ -1,0 +1,88 @@
+"""Mode ``async`` in one process: explorer and trainer run concurrently, meet at the buffer and at weight
+sync; the staleness bound holds; the run ends when the tasks run out; explorer failures surface."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import EXAMPLE, write_arithmetic_config
+from tests.e2e.conftest import read_metrics
+from trine.config import load_config, validate_dict
+from trine.loop import run
+
+
+def _config(tmp_path, model_dir, name="async", **extra):
+    base = {"mode": "async", "tasks": {"total_steps": 6}, "buffer": {"max_staleness": 1}}
+    return write_arithmetic_config(tmp_path, model_dir, name, base, extra)
+
+
+@pytest.mark.parametrize("storage", ["memory", "sql"])
+def test_async_trains_every_step_within_the_staleness_bound(storage, tmp_path, tiny_model_dir):
+    run(load_config(_config(tmp_path, tiny_model_dir, buffer={"storage": storage})))
+    rows = [r for r in read_metrics(tmp_path / "async") if "trainer/loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["trainer/version"] for r in rows] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert all(r["trainer/batch_size"] == 16 for r in rows)  # tasks.batch_size (4) x repeat (4)
+    assert all(r["buffer/staleness_max"] <= 1 for r in rows)  # the explorer runs ahead, never too far
+    reported = [
+        r for r in rows if "explorer/batches" in r
+    ]  # a step line reports the batches put since the last
+    assert sum(r["explorer/batches"] for r in reported) >= 6 and all(
+        "explorer/paced_seconds" in r for r in reported
+    )
+    assert any(r["buffer/staleness_max"] == 1 for r in rows)  # ...but it does run ahead
+
+
+def test_async_with_no_staleness_bound_and_a_trainer_batch_of_its_own(tmp_path, tiny_model_dir):
+    cfg = _config(tmp_path, tiny_model_dir, buffer={"max_staleness": None}, trainer={"batch_size": 8})
+    run(load_config(cfg))
+    rows = [r for r in read_metrics(tmp_path / "async") if "trainer/loss" in r]
+    assert len(rows) == 6 and all(r["trainer/batch_size"] == 8 for r in rows)
+
+
+def test_async_ends_when_the_tasks_run_out(tmp_path, tiny_model_dir):
+    data = tmp_path / "eight.jsonl"
+    data.write_text("".join(f'{{"question": "{i} + 1 =", "answer": "{i + 1}"}}\n' for i in range(8)))
+    cfg = _config(
+        tmp_path,
+        tiny_model_dir,
+        tasks={"total_steps": None, "train": {"path": str(data)}, "epochs": 1},
+    )
+    run(load_config(cfg))  # 8 tasks x 4 samples = 2 steps of 16; then the explorer has nothing left
+    rows = [r for r in read_metrics(tmp_path / "async") if "trainer/loss" in r]
+    assert len(rows) == 2
+
+
+def test_an_explorer_failure_stops_the_run_with_its_error(tmp_path, tiny_model_dir, monkeypatch):
+    from trine.roles import ExplorerSide
+
+    def broken(self, version, count=1, stop=None, extra=None):
+        raise RuntimeError("explorer broke")
+
+    monkeypatch.setattr(ExplorerSide, "produce", broken)
+    with pytest.raises(RuntimeError, match="explorer broke"):
+        run(load_config(_config(tmp_path, tiny_model_dir)))
+
+
+def test_async_settings_are_checked_at_validate_time(tmp_path, tiny_model_dir):
+    def errors(**data):
+        raw = {
+            "model": {"path": str(tiny_model_dir)},
+            "tasks": {"total_steps": 1, "train": {"path": str(EXAMPLE / "data" / "train.jsonl")}},
+            **data,
+        }
+        return " ".join(validate_dict(raw)[1])
+
+    assert "trainer.batch_size=8: mode 'sync' trains on one explored batch" in errors(
+        trainer={"batch_size": 8}
+    )
+    assert "sync.sync_offset=1 is for mode sync" in errors(mode="async", sync={"sync_offset": 1})
+    assert "sync.method 'shared' with mode async" in errors(mode="async", sync={"method": "shared"})
+    (cfg,), problems = validate_dict(
+        {
+            "mode": "async",
+            "model": {"path": str(tiny_model_dir)},
+            "tasks": {"total_steps": 1, "train": {"path": str(EXAMPLE / "data" / "train.jsonl")}},
+        }
+    )
+    assert not problems and cfg.sync_method == "copy"

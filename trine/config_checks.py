@@ -1,0 +1,80 @@
+"""Checks across config sections: settings that the mode or the algorithm does not read or cannot honour,
+and workflow / reward arguments that their function does not take. :mod:`trine.config` calls them from
+its validators, so every problem is reported with the rest."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trine import registry
+
+if TYPE_CHECKING:
+    from trine.config import RunConfig, TasksConfig
+
+
+def argument_problems(tasks: TasksConfig, mode: str, algo: Any = None) -> list[str]:
+    """``workflow_args``/``reward_args`` that the workflow or reward does not take (misspelt names
+    would otherwise fail every task at run time). Only tasksets this mode runs workflows on are
+    checked: the explored ones in modes sync and async (with ``algo``'s rollout arguments, if given) and
+    eval sets."""
+    tasksets = [] if algo else [(f"eval.{i}", ts, {}) for i, ts in enumerate(tasks.eval)]
+    if mode != "train":
+        extra = algo.rollout_args if algo else {}
+        explored = [("train", tasks.train), *((f"mix.{i}", m) for i, m in enumerate(tasks.mix))]
+        tasksets = [(key, ts, extra) for key, ts in explored if ts is not None] + tasksets
+    problems = []
+    for key, ts, extra in tasksets:
+        if extra:
+            what = f"tasks.{key}.workflow_args with algorithm {algo.name!r}'s rollout arguments {extra}"
+            problems.append(
+                registry.check_arguments(
+                    "workflow", ts.workflow, {**ts.workflow_args, **extra}, what, reward=None
+                )
+            )
+            continue
+        problems += [
+            registry.check_arguments(
+                "workflow", ts.workflow, ts.workflow_args, f"{key}.workflow_args", reward=None
+            ),
+            registry.check_arguments("reward", ts.reward, ts.reward_args, f"{key}.reward_args", "", None),
+        ]
+    return [p for p in problems if p]
+
+
+def mode_problems(cfg: RunConfig) -> list[str]:
+    """Settings that the run's mode does not read, or cannot honour."""
+    problems = []
+    if cfg.trainer.batch_size is not None and cfg.mode != "async":
+        problems.append(
+            f"trainer.batch_size={cfg.trainer.batch_size}: mode {cfg.mode!r} trains on one explored batch "
+            "per step (batch_size: null); change tasks.batch_size to change it, split it with "
+            "trainer.mini_batches, or set mode: async"
+        )
+    if cfg.mode == "async" and cfg.sync.sync_offset:
+        problems.append(
+            f"sync.sync_offset={cfg.sync.sync_offset} is for mode sync; in mode async the explorer runs "
+            "freely, bounded by buffer.max_staleness: remove sync_offset"
+        )
+    if cfg.sync.method == "shared" and cfg.mode == "async":
+        problems.append(
+            "sync.method 'shared' with mode async: an explorer that runs ahead of the trainer cannot "
+            "sample the weights the trainer is changing; set sync.method: copy (or leave it unset)"
+        )
+    return problems
+
+
+def algorithm_problems(cfg: RunConfig, preset: Any) -> list[str]:
+    """Overrides that do not fit the algorithm's functions, and data the algorithm needs but lacks."""
+    problems = []
+    try:
+        algo = preset.with_overrides(**cfg.algorithm.model_dump(exclude={"name"}))
+        algo.check_args()
+    except ValueError as err:
+        return [str(err)]
+    if algo.expert_ratio > 0 and cfg.tasks.expert is None:
+        problems.append(f"algorithm {algo.name!r} mixes expert rows; set tasks.expert to a taskset of them")
+    if algo.loss == "distill" and cfg.explorer.teacher is None:
+        problems.append("algorithm 'distill' needs a teacher model; set explorer.teacher to its directory")
+    if algo.rollout_args:
+        problems += argument_problems(cfg.tasks, cfg.mode, algo)
+    return problems

@@ -1,0 +1,94 @@
+"""Mode ``async`` in one process: the explorer side runs in a thread and explores batch after batch
+from its own copy of the weights, picking up the newest version the trainer pushed (every
+``sync_interval`` steps) between batches; the trainer side takes ``trainer.batch_size`` experiences
+from the buffer as soon as they are there. They meet only at the buffer and at weight sync.
+
+Staleness: the buffer never hands out an experience more than ``buffer.max_staleness`` versions
+behind the trainer (it drops it, ``buffer/dropped_stale``), and the explorer paces itself so that it
+rarely has to: it starts a batch only when the trainer will train it within ``max_staleness``
+(counting the experiences already waiting), and waits otherwise (``explorer/paced_seconds``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+
+from trine.buffer import BufferTimeout
+from trine.roles import ExplorerSide, Stage, TrainerSide
+
+POLL_SECONDS = 0.5
+"""How long the trainer waits for a batch before it checks whether the explorer ended or failed."""
+
+
+def steps(stage: Stage) -> Iterator[dict[str, float]]:
+    """One metrics dict per training step: the step's, plus what the explorer did since the last one."""
+    explorer, trainer = stage.explorer, stage.trainer
+    assert explorer is not None
+    limit = stage.cfg.buffer.max_staleness
+    stop, ended, errors = threading.Event(), threading.Event(), []
+
+    def explore() -> None:
+        try:
+            while not stop.is_set():
+                version, waited = _pace(explorer, trainer, limit, stop)
+                if not explorer.produce(version, stop=stop, extra={"explorer/paced_seconds": waited}):
+                    break
+        except BaseException as err:  # surfaced in the trainer's thread
+            if not stop.is_set():
+                errors.append(err)
+        finally:
+            ended.set()
+
+    thread = threading.Thread(target=explore, name="trine-explorer", daemon=True)
+    thread.start()
+    try:
+        while stage.step < stage.total_steps:
+            try:
+                metrics = trainer.consume(timeout=POLL_SECONDS)
+            except BufferTimeout:
+                if errors:
+                    raise errors[0] from None
+                if ended.is_set() and not _can_step(trainer):
+                    return  # the tasks ran out
+                continue
+            yield {**explorer.report_all(), **metrics}
+    finally:
+        stop.set()
+        explorer.sync.close()
+        thread.join()
+
+
+def _newest(explorer: ExplorerSide) -> int:
+    """The newest weights version the trainer pushed (the explorer's own if none is waiting)."""
+    latest = explorer.sync.latest()
+    return explorer.engine.policy_version if latest is None else max(latest, explorer.engine.policy_version)
+
+
+def _queued_steps(trainer: TrainerSide) -> int:
+    """Training steps the experiences already in the buffer (ready or pending) will fill."""
+    assert trainer.buffer is not None and trainer.batch_size
+    m = trainer.buffer.metrics()
+    return math.ceil((m["buffer/size"] + m["buffer/pending"]) / trainer.batch_size)
+
+
+def _can_step(trainer: TrainerSide) -> bool:
+    assert trainer.buffer is not None and trainer.batch_size
+    return trainer.buffer.metrics()["buffer/size"] >= trainer.batch_size
+
+
+def _pace(
+    explorer: ExplorerSide, trainer: TrainerSide, limit: int | None, stop: threading.Event
+) -> tuple[int, float]:
+    """The weights version to explore the next batch with (the newest pushed), once a batch explored
+    now would be trained within ``limit`` versions of it (the trainer is at ``trainer.version``, with
+    the batch it is training and ``_queued_steps`` ahead of it); returns it and the seconds waited."""
+    start = time.perf_counter()
+    while True:
+        version = _newest(explorer)
+        ahead = trainer.version + trainer.stepping + _queued_steps(trainer)  # the version it will train at
+        if limit is None or stop.is_set() or ahead - version <= limit:
+            return version, time.perf_counter() - start
+        stop.wait(0.02)
