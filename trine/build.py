@@ -105,19 +105,12 @@ def build_task_scheduler(cfg: RunConfig, tasksets: list[Any]) -> Any:
     )
 
 
-def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> Stage:
-    """Build the roles of one stage around ``model``: the trainer side, and the explorer side (mode
-    ``sync``) or the supervised source (mode ``train``), plus evaluation."""
+def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, part: str = "all") -> Stage:
+    """Build the roles of one stage around ``model``: the trainer side, and the explorer side (modes
+    ``sync`` and ``async``) or the supervised source (mode ``train``), plus evaluation.
+    ``part="trainer"``: a trainer process whose explorers are other processes (``trine train``)."""
     algorithm = build_algorithm(cfg)
-    train_set = build_taskset(cfg.tasks.train, extra_workflow_args=algorithm.rollout_args)
-    if train_set.skipped_rows:
-        log.warning(
-            "taskset %s: skipped %d bad row(s) (tasks.train.on_bad_row=skip)",
-            train_set.name,
-            train_set.skipped_rows,
-        )
-    mixed = [build_taskset(m, extra_workflow_args=algorithm.rollout_args) for m in cfg.tasks.mix]
-    scheduler = build_task_scheduler(cfg, [train_set, *mixed])
+    scheduler = _scheduler(cfg, algorithm)
     total = cfg.tasks.total_steps or scheduler.total_batches(cfg.tasks.batch_size)
     trainer = _trainer(cfg, algorithm, model, tokenizer, total)
     stage = Stage(cfg=cfg, trainer=TrainerSide(trainer, None, None), total_steps=total)
@@ -127,8 +120,62 @@ def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path) -> St
             stage.evaluator = build_evaluator(cfg, _explorer(cfg, _engine(cfg, model, tokenizer), None))
             stage.trainer.on_worker = _worker_of(stage.evaluator.explorer.model, model)
         return stage
+    if part == "trainer":
+        _trainer_process(stage, model, tokenizer, run_dir)
+        return stage
     _explorer_side(stage, algorithm, scheduler, model, tokenizer, run_dir)
     return stage
+
+
+def build_explorer_process(
+    cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, index: int, count: int
+) -> ExplorerSide:
+    """The explorer side of explorer process ``index`` of ``count`` (``trine explore``): its share of
+    the tasks, the run's SQL buffer, the weights the trainer publishes; it starts where its last
+    incarnation stopped (the buffer counts the batches it put)."""
+    from trine.sync import PublishedWeights
+    from trine.tasks.partition import PartitionedScheduler
+
+    algorithm = build_algorithm(cfg)
+    scheduler = PartitionedScheduler(_scheduler(cfg, algorithm), index, count)
+    engine = _engine(cfg, model, tokenizer)
+    rollouts = run_dir / "explorers" / str(index) / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
+    sync = PublishedWeights(run_dir / "weights", keep=cfg.sync.keep)
+    side = _make_explorer_side(
+        cfg, algorithm, scheduler, _explorer(cfg, engine, rollouts), sync, run_dir, tokenizer
+    )
+    side.producer = f"explorer-{index}"
+    side.batches = side.buffer.produced(side.producer)
+    scheduler.skip(side.batches, cfg.tasks.batch_size)
+    return side
+
+
+def _scheduler(cfg: RunConfig, algorithm: Any) -> Any:
+    train_set = build_taskset(cfg.tasks.train, extra_workflow_args=algorithm.rollout_args)
+    if train_set.skipped_rows:
+        log.warning(
+            "taskset %s: skipped %d bad row(s) (tasks.train.on_bad_row=skip)",
+            train_set.name,
+            train_set.skipped_rows,
+        )
+    mixed = [build_taskset(m, extra_workflow_args=algorithm.rollout_args) for m in cfg.tasks.mix]
+    return build_task_scheduler(cfg, [train_set, *mixed])
+
+
+def _trainer_process(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> None:
+    """The trainer side of a trainer process: the run's SQL buffer (a resume undoes only what this
+    process took since its checkpoint) and weights published into ``<run_dir>/weights``."""
+    from trine.buffer import open_buffer
+    from trine.sync import PublishedWeights
+
+    cfg, side = stage.cfg, stage.trainer
+    side.buffer = open_buffer(cfg.buffer, run_dir, rewind="reads")
+    side.sync = PublishedWeights(run_dir / "weights", keep=cfg.sync.keep)
+    side.sync_interval, side.get_timeout = cfg.sync.sync_interval, cfg.buffer.get_timeout
+    side.batch_size = cfg.trainer.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
+    if cfg.tasks.eval:
+        stage.evaluator = build_evaluator(cfg, _explorer(cfg, _engine(cfg, model, tokenizer), None))
+        side.on_worker = _worker_of(stage.evaluator.explorer.model, model)
 
 
 def _trainer(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, total: int) -> Any:
@@ -178,7 +225,6 @@ def _explorer_side(
     """Rollout engine, explorer, weight sync and buffer, as the explorer side and the trainer side
     see them. With ``sync.method: copy`` the engine samples a snapshot copy of the weights and
     evaluation gets its own engine over the trainer's weights."""
-    from trine.buffer import build_pipeline
     from trine.sync import SYNC_METHODS
 
     cfg = stage.cfg
@@ -192,12 +238,27 @@ def _explorer_side(
         on_trainer_weights = _explorer(cfg, _engine(cfg, model, tokenizer), None)
     if cfg.tasks.eval:
         stage.evaluator = build_evaluator(cfg, on_trainer_weights)
-    buffer = build_buffer(cfg, run_dir)
+    stage.explorer = _make_explorer_side(cfg, algorithm, scheduler, explorer, sync, run_dir, tokenizer)
+    side = stage.trainer
+    side.buffer, side.sync, side.sync_interval = stage.explorer.buffer, sync, cfg.sync.sync_interval
+    side.batch_size, side.get_timeout = cfg.trainer.batch_size, cfg.buffer.get_timeout
+    side.on_worker = _worker_of(on_trainer_weights.model, model)
+    if cfg.mode == "async":
+        side.batch_size = side.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
+        if next(model.parameters()).device.type == "cpu":  # one torch thread: see HFEngine.call
+            side.on_worker = getattr(engine, "call", None)
+
+
+def _make_explorer_side(
+    cfg: RunConfig, algorithm: Any, scheduler: Any, explorer: Any, sync: Any, run_dir: Path, tokenizer: Any
+) -> ExplorerSide:
+    from trine.buffer import build_pipeline
+
     a = algorithm
-    stage.explorer = ExplorerSide(
+    return ExplorerSide(
         explorer,
         scheduler,
-        buffer,
+        build_buffer(cfg, run_dir),
         sync,
         batch_size=cfg.tasks.batch_size,
         shaping=Shaping(
@@ -212,14 +273,6 @@ def _explorer_side(
         operators=build_pipeline(cfg.buffer.operators) if cfg.buffer.operators else None,
         expert=_expert(cfg, algorithm, tokenizer),
     )
-    side = stage.trainer
-    side.buffer, side.sync, side.sync_interval = buffer, sync, cfg.sync.sync_interval
-    side.batch_size, side.get_timeout = cfg.trainer.batch_size, cfg.buffer.get_timeout
-    side.on_worker = _worker_of(on_trainer_weights.model, model)
-    if cfg.mode == "async":
-        side.batch_size = side.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
-        if next(model.parameters()).device.type == "cpu":  # one torch thread: see HFEngine.call
-            side.on_worker = getattr(engine, "call", None)
 
 
 def build_evaluator(cfg: RunConfig, explorer: Any) -> Evaluator:

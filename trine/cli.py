@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +72,69 @@ def run(
     plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Run a config: every stage in order, resuming from the run directory's last checkpoint."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     stages = _load(config, overrides or [], plugin)
-    from trine.blocking import exit_guard
+    if stages[0].mode == "async" and stages[0].launch == "processes":
+        from trine.modes.processes import launch
+
+        _guarded(lambda: launch(config, overrides or [], plugin, stages[0]))
+        return
     from trine.loop import run as run_stages
+
+    print_summary(_guarded(lambda: run_stages(stages)))
+
+
+@app.command()
+def train(
+    config: Path = typer.Argument(..., help="YAML config file (mode: async, a SQL buffer)."),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """The trainer process of an async run: trains on what `trine explore` processes put in the buffer."""
+    stages = _load(config, overrides or [], plugin)
+    from trine.modes.processes import train as train_process
+
+    print_summary(_guarded(lambda: _process_input(lambda: train_process(stages))))
+
+
+@app.command()
+def explore(
+    config: Path = typer.Argument(..., help="YAML config file (mode: async, a SQL buffer)."),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
+    explorer_id: int = typer.Option(0, "--explorer-id", help="This explorer's index (0-based)."),
+    explorers: int = typer.Option(1, "--explorers", help="How many explorer processes share the tasks."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """An explorer process of an async run: explores its share of the tasks with the trainer's newest weights."""
+    stages = _load(config, overrides or [], plugin)
+    from trine.modes.processes import explore as explore_process
+
+    why = _guarded(lambda: _process_input(lambda: explore_process(stages, explorer_id, explorers)))
+    typer.echo(f"explorer {explorer_id}: done ({why})")
+
+
+def _process_input(fn: Callable[[], Any]) -> Any:
+    """A process that cannot join the run (not mode async, a buffer that cannot be shared, other
+    settings than the run's, a second trainer) exits 2 with the message."""
+    from trine.modes.processes import ProcessSetupError
+
+    try:
+        return fn()
+    except ProcessSetupError as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
+def _guarded(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` as a command: SIGTERM ends it like Ctrl-C (exit 143 / 130, status ``stopped``), a
+    failure exits 1, and threads left behind never keep the process alive."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from trine.blocking import exit_guard
 
     code = 1  # failed: the error propagates (traceback, status.json "failed")
     previous = signal.signal(signal.SIGTERM, _terminate)  # a scheduler's stop ends like Ctrl-C
     try:
-        summary = run_stages(stages)
-        code = 0
+        result = fn()
+        code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     except KeyboardInterrupt as err:  # status.json says "stopped"; run the command again to resume
         code = 143 if isinstance(err, Terminated) else 130
         how = "terminated (SIGTERM)" if code == 143 else "interrupted"
@@ -89,7 +143,9 @@ def run(
     finally:  # threads a plugin or a hung call left behind must not keep the process alive
         signal.signal(signal.SIGTERM, previous)
         exit_guard(code)
-    print_summary(summary)
+    if code:
+        raise typer.Exit(code)
+    return result
 
 
 class Terminated(KeyboardInterrupt):

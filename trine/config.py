@@ -293,6 +293,9 @@ class ExplorerConfig(Section):
     """Rows the rollout engine samples in one batch."""
     dump_rollouts: bool = False
     """Append every sampled trajectory (text, reward) to ``rollouts.jsonl`` in the run directory."""
+    instances: Count = 1
+    """Explorer processes ``trine run`` starts with ``launch: processes`` (``trine explore
+    --explorer-id i --explorers n`` each; they split the tasks without overlap)."""
     teacher: str | None = None
     """Local model directory of a teacher whose logprobs on the samples are stored for on-policy
     distillation (``algorithm.name: distill``)."""
@@ -480,11 +483,18 @@ class SyncConfig(Section):
     """Batches explored per weight version (k): weights are pushed to the explorer every k steps."""
     sync_offset: NonNegInt = 0
     """Batches the explorer runs ahead of the trainer (m); m > 0 explores from a weight snapshot."""
-    method: Literal["shared", "copy"] | None = None
+    method: Literal["shared", "copy", "published"] | None = None
     """How weights reach the explorer: ``shared`` (the engine samples the trainer's own weights, no
-    copy) or ``copy`` (the engine samples a snapshot, refreshed from in-memory copies every
-    ``sync_interval`` steps). None: ``shared`` in mode sync with ``sync_offset`` 0, else ``copy``
-    (``RunConfig.sync_method``, the one place this is decided)."""
+    copy), ``copy`` (the engine samples a snapshot, refreshed from in-memory copies every
+    ``sync_interval`` steps) or ``published`` (the trainer publishes each version into
+    ``<run_dir>/weights``, explorer processes load the newest). None: ``published`` with ``launch:
+    processes``, ``shared`` in mode sync with ``sync_offset`` 0, else ``copy`` (``RunConfig.sync_method``,
+    the one place this is decided)."""
+    keep: Count = 2
+    """Published versions kept in ``<run_dir>/weights`` (``published``)."""
+    wait_timeout: Positive | None = 600.0
+    """Seconds a process waits for the other side (an explorer for the trainer's first weights, the
+    trainer for the first experiences) before it stops with an error; None: forever."""
 
     @model_validator(mode="after")
     def _method_fits(self) -> SyncConfig:
@@ -535,6 +545,10 @@ class RunConfig(Section):
     """``sync``: explore and train alternately (RL); ``async``: explorer and trainer run concurrently,
     meeting only at the buffer and at weight sync (``buffer.max_staleness`` bounds how old a trained
     experience may be); ``train``: train from the taskset only (SFT, DPO)."""
+    launch: Literal["thread", "processes"] = "thread"
+    """How mode ``async`` runs: ``thread`` (the explorer in a thread of this process) or ``processes``
+    (``trine run`` starts ``trine train`` and ``explorer.instances`` × ``trine explore``, sharing the run
+    directory, a SQL buffer and the published weights)."""
     seed: NonNegInt = 42
     """Seed of every random stream (task order, sampling, mini-batch shuffles)."""
     num_threads: Count | None = None
@@ -568,10 +582,13 @@ class RunConfig(Section):
 
     @property
     def sync_method(self) -> str:
-        """The weight-sync method in use: ``sync.method``, or ``copy`` when the explorer may run ahead
-        of the trainer (mode async, ``sync_offset`` > 0), else ``shared``."""
-        ahead = self.mode == "async" or self.sync.sync_offset > 0
-        return self.sync.method or ("copy" if ahead else "shared")
+        """The weight-sync method in use: ``sync.method``, or ``published`` between processes, ``copy``
+        when the explorer may run ahead of the trainer (mode async, ``sync_offset`` > 0), else ``shared``."""
+        if self.sync.method is not None:
+            return self.sync.method
+        if self.launch == "processes":
+            return "published"
+        return "copy" if self.mode == "async" or self.sync.sync_offset > 0 else "shared"
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

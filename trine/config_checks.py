@@ -55,6 +55,7 @@ def mode_problems(cfg: RunConfig) -> list[str]:
             f"sync.sync_offset={cfg.sync.sync_offset} is for mode sync; in mode async the explorer runs "
             "freely, bounded by buffer.max_staleness: remove sync_offset"
         )
+    problems += _process_problems(cfg)
     if cfg.sync.method == "shared" and cfg.mode == "async":
         problems.append(
             "sync.method 'shared' with mode async: an explorer that runs ahead of the trainer cannot "
@@ -75,6 +76,38 @@ def algorithm_problems(cfg: RunConfig, preset: Any) -> list[str]:
         problems.append(f"algorithm {algo.name!r} mixes expert rows; set tasks.expert to a taskset of them")
     if algo.loss == "distill" and cfg.explorer.teacher is None:
         problems.append("algorithm 'distill' needs a teacher model; set explorer.teacher to its directory")
+    if algo.dynamic_sampling and cfg.launch == "processes":
+        problems.append(
+            f"algorithm {algo.name!r} refills batches from the task scheduler (dynamic sampling), which explorer "
+            "processes split between them; set algorithm.dynamic_sampling: false or launch: thread"
+        )
     if algo.rollout_args:
         problems += argument_problems(cfg.tasks, cfg.mode, algo)
+    return problems
+
+
+def _process_problems(cfg: RunConfig) -> list[str]:
+    """What explorer and trainer processes (``launch: processes``) need: mode async, a buffer every
+    process can open, weights published through the run directory, tasks split without feedback."""
+    method = cfg.sync_method
+    if cfg.launch != "processes":
+        return [] if method != "published" else ["sync.method 'published' is for launch: processes"]
+    problems = []
+    if cfg.mode != "async":
+        problems.append(
+            f"launch: processes runs mode async (explorer and trainer processes); got mode {cfg.mode!r}"
+        )
+    if cfg.buffer.storage not in ("sql", "sqlite"):
+        problems.append(
+            f"buffer.storage={cfg.buffer.storage!r} cannot be shared between processes; set buffer.storage: sql "
+            "(SQLite in the run directory by default, or PostgreSQL with buffer.url)"
+        )
+    if method != "published":
+        problems.append(
+            f"sync.method {method!r} cannot reach another process; remove it (published is the default)"
+        )
+    if cfg.tasks.curriculum is not None:
+        problems.append(
+            "tasks.curriculum feeds pass rates back to one scheduler; it is not supported with launch: processes"
+        )
     return problems

@@ -18,8 +18,9 @@ from trine.roles import Stage
 from trine.rundir import RunDir
 
 
-def run(stages: list[RunConfig]) -> dict[str, Any]:
-    """Run every stage in order (resuming where the run directory left off); returns the summary."""
+def run(stages: list[RunConfig], part: str = "all") -> dict[str, Any]:
+    """Run every stage in order (resuming where the run directory left off); returns the summary.
+    ``part="trainer"``: the trainer process of an async run (:mod:`trine.modes.processes`)."""
     preflight.check(stages)  # data and model files, before anything is written
     rd = RunDir.open(stages, build.load_policy)
     if rd.done:
@@ -31,7 +32,7 @@ def run(stages: list[RunConfig]) -> dict[str, Any]:
         for index, cfg in enumerate(stages):
             if index < rd.resume_at():
                 continue
-            stage = build.build_stage(cfg, rd.model, rd.tokenizer, rd.path)
+            stage = build.build_stage(cfg, rd.model, rd.tokenizer, rd.path, part)
             rd.restore(stage, index)
             _run_stage(stage, index, rd)
             limit = cfg.stop_after_steps

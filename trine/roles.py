@@ -79,6 +79,9 @@ class ExplorerSide:
     """Reward at which a rollout counts as a success (pass-rate feedback to the scheduler)."""
     operators: Pipeline | None = None
     expert: ExpertRows | None = None
+    producer: str | None = None
+    """Name of this explorer in a buffer shared by several processes (``explorer-0``): each batch is
+    put as (producer, batch index), once (see ``SQLBuffer.put``)."""
     batches: int = 0
     """Batches explored so far (the next batch's index)."""
     gate: threading.Lock = field(default_factory=threading.Lock)
@@ -122,10 +125,12 @@ class ExplorerSide:
                 metrics.update(op_metrics)
             if self.expert is not None:
                 experiences = experiences + self.expert.rows(len(experiences), version)
-            self.reports.append(
-                {**metrics, **extra}
-            )  # before the put: a trainer that sees the batch finds its report
-            self.buffer.put(experiences)
+            # the report first: a trainer that sees the batch finds its report
+            self.reports.append({**metrics, **extra})
+            if self.producer is None:
+                self.buffer.put(experiences)
+            else:  # a buffer shared by processes (SQLBuffer) records whose batch it is
+                self.buffer.put(experiences, producer=self.producer, producer_batch=self.batches)  # type: ignore[call-arg]
             self.batches += 1
         return len(results)
 
@@ -337,6 +342,8 @@ class Stage:
                 state["engine_weights"] = {
                     k: v.detach().cpu().clone() for k, v in engine.model.state_dict().items()
                 }
+        elif self.trainer.buffer is not None:  # a trainer process: its read position in the shared buffer
+            state["buffer"] = self.trainer.buffer.state_dict()
         if self.source is not None:
             state["scheduler"] = self.source.scheduler.state_dict()
         return state
@@ -349,6 +356,8 @@ class Stage:
                 self.explorer.engine.model.load_state_dict(state["engine_weights"])
             else:
                 self.explorer.engine.policy_version = self.trainer.version
+        elif self.trainer.buffer is not None and "buffer" in state:
+            self.trainer.buffer.load_state_dict(state["buffer"])
         if self.source is not None:
             self.source.scheduler.load_state_dict(state["scheduler"])
         if self.explorer is None and self.evaluator is not None:  # mode train: evaluation only

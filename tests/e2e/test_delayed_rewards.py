@@ -66,18 +66,24 @@ def test_rewards_from_another_process_arrive_later_and_training_learns(
     assert max(evals[1:]) - evals[0] >= 0.10, f"avg@8 {evals[0]:.2f} -> {evals[1:]}"
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_the_example_learns_with_a_sql_buffer(backend, sft_start, arithmetic_config, tmp_path):
-    """One config line switches the buffer; the arithmetic run learns with SQLite and PostgreSQL."""
+@pytest.mark.parametrize("how", ["postgresql", "async", "processes"])
+def test_the_example_learns_with_a_sql_buffer_and_async(how, sft_start, arithmetic_config, tmp_path):
+    """One config line switches the buffer (PostgreSQL) or the mode: async in one process (SQLite),
+    and async as a trainer and an explorer process (``launch: processes``). Each run learns."""
     import os
+    import subprocess
+    import sys
     import uuid
 
-    buffer = {"storage": "sql"}
-    if backend == "postgresql":
+    over: dict = {"buffer": {"storage": "sql"}}
+    if how == "postgresql":
         url = os.environ.get("TRINE_TEST_POSTGRES_URL")
         if not url:
             pytest.skip("set TRINE_TEST_POSTGRES_URL (scripts/postgres.sh starts a local server)")
-        buffer.update(url=url, storage_args={"table": f"learn_{uuid.uuid4().hex[:8]}"})
+        over["buffer"].update(url=url, storage_args={"table": f"learn_{uuid.uuid4().hex[:8]}"})
+    else:
+        over.update(mode="async", launch="thread" if how == "async" else "processes")
+        over["buffer"]["max_staleness"] = 1
     eval_set = {
         "name": "addition",
         "path": str(EXAMPLE / "data" / "eval.jsonl"),
@@ -85,8 +91,8 @@ def test_the_example_learns_with_a_sql_buffer(backend, sft_start, arithmetic_con
     }
     cfg = arithmetic_config(
         {
+            **over,
             "model": {"path": str(sft_start)},
-            "buffer": buffer,
             "tasks": {
                 "batch_size": 16,
                 "total_steps": 30,
@@ -96,8 +102,17 @@ def test_the_example_learns_with_a_sql_buffer(backend, sft_start, arithmetic_con
             "trainer": {"lr": 1e-3},
             "eval": {"every": 15, "k": 8, "at_start": True},
         },
-        name=backend,
+        name=how,
     )
-    run(load_config(cfg))
-    evals = [r[KEY] for r in read_metrics(tmp_path / backend) if KEY in r]
+    if how == "processes":  # `trine run` starts `trine train` and `trine explore`
+        done = subprocess.run(
+            [sys.executable, "-m", "trine.cli", "run", str(cfg)], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    else:
+        run(load_config(cfg))
+    rows = read_metrics(tmp_path / how)
+    evals = [r[KEY] for r in rows if KEY in r]
     assert max(evals[1:]) - evals[0] >= 0.10, evals
+    if how != "postgresql":  # never trained on an experience more than one version old
+        assert all(r["buffer/staleness_max"] <= 1 for r in rows if "trainer/loss" in r)

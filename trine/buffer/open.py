@@ -45,13 +45,14 @@ def storage_arguments(config: BufferConfig, run_dir: str | Path) -> dict[str, An
     return {**defaults, **config.storage_args}
 
 
-def open_buffer(config: BufferConfig, run_dir: str | Path) -> Buffer:
+def open_buffer(config: BufferConfig, run_dir: str | Path, **extra: Any) -> Buffer:
     """The storage ``config`` describes, for the run in ``run_dir`` (SQL connects lazily, a file
-    buffer replays its log now)."""
+    buffer replays its log now); ``extra`` keyword arguments go to the storage class (e.g. a trainer
+    process's ``rewind="reads"``)."""
     rules = SamplingRules.from_section(config)
     cls = storage_class(config)
     try:
-        return cls(rules=rules, **storage_arguments(config, run_dir))
+        return cls(rules=rules, **storage_arguments(config, run_dir), **extra)
     except TypeError as err:
         raise TypeError(
             f"buffer.storage={config.storage!r} ({cls.__name__}) with buffer.storage_args="

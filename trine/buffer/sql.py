@@ -20,7 +20,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trine.buffer import sql_sampling as q
 from trine.buffer.base import BufferTimeout
@@ -53,6 +53,10 @@ def normalize_url(url: str | os.PathLike[str]) -> str:
     """A SQLAlchemy URL; a plain file path (no ``://``) means a SQLite file there."""
     text = os.fspath(url)
     return text if "://" in text else f"sqlite:///{Path(text).expanduser().resolve()}"
+
+
+class DuplicateBatch(ValueError):
+    """A producer put a batch it had put before (see :meth:`SQLBuffer.put`)."""
 
 
 class SQLBuffer:
@@ -97,8 +101,9 @@ class SQLBuffer:
         clock: time of puts and of the pending timeout; unix time by default, because
             ``created_at`` is compared across processes (inject a fake one in tests).
         rewind: on ``load_state_dict`` (resuming a run), put the table back as it was at the
-            checkpoint (see there). Set False when other processes keep writing to the table
-            while this one resumes: their rows put since the checkpoint would be rolled back.
+            checkpoint (see there). ``"reads"``: undo only what was *taken* since the checkpoint
+            (for a trainer process whose explorers are other processes: their rows put since stay).
+            False: restore the counters only.
     """
 
     def __init__(
@@ -110,7 +115,7 @@ class SQLBuffer:
         busy_timeout: float = 30.0,
         rules: SamplingRules | None = None,
         clock: Callable[[], float] = time.time,
-        rewind: bool = True,
+        rewind: bool | Literal["reads"] = True,
     ) -> None:
         if not table.isidentifier():
             raise ValueError(f"SQLBuffer table={table!r}: expected a plain identifier such as 'experiences'.")
@@ -219,9 +224,16 @@ class SQLBuffer:
 
     # -- the Buffer protocol ----------------------------------------------------------------------
 
-    def put(self, experiences: list[Experience]) -> None:
+    def put(
+        self, experiences: list[Experience], *, producer: str | None = None, producer_batch: int | None = None
+    ) -> None:
         """Store experiences (those with a reward become trainable, ``reward=None`` ones pending) and
-        record them as one explored batch, in one transaction."""
+        record them as one explored batch, in one transaction.
+
+        ``producer`` / ``producer_batch`` name the batch for a producer that restarts (an explorer
+        process): a pair put before raises :class:`DuplicateBatch` and stores nothing, and
+        :meth:`produced` tells a restarted producer where it stopped.
+        """
         for e in experiences:
             e.check()
         _, write = self._engines()
@@ -233,11 +245,18 @@ class SQLBuffer:
             with write.begin() as conn:
                 if rows:
                     conn.execute(sa.insert(self._table), rows)
-                conn.execute(sa.insert(self._batches).values(size=len(rows), created_at=now))
+                record = {"size": len(rows), "created_at": now}
+                record.update(producer=producer, producer_batch=producer_batch)
+                conn.execute(sa.insert(self._batches).values(**record))
 
         try:
             self._retry(insert, what="put")
         except sa.exc.IntegrityError as err:
+            if producer is not None and self._has_batch(producer, producer_batch):
+                raise DuplicateBatch(
+                    f"put: batch {producer_batch} of producer {producer!r} is already in table "
+                    f"{self.table_name!r}; nothing was stored (is a second process running as {producer!r}?)"
+                ) from err
             raise ValueError(
                 f"put: an experience id in {[e.id for e in experiences][:5]}... is already stored in "
                 f"table {self.table_name!r} ({err.orig}); give each Experience a fresh id."
@@ -423,6 +442,30 @@ class SQLBuffer:
     def __len__(self) -> int:
         return self._counts()["size"]
 
+    def produced(self, producer: str) -> int:
+        """How many batches ``producer`` has put: one more than its largest ``producer_batch`` (0: none)."""
+        import sqlalchemy as sa
+
+        read, _ = self._engines()
+        b = self._batches
+
+        def largest() -> int:
+            with read.connect() as conn:
+                stmt = sa.select(sa.func.max(b.c.producer_batch)).where(b.c.producer == producer)
+                value = conn.execute(stmt).scalar()
+                return -1 if value is None else int(value)
+
+        return self._retry(largest, what="read the producer's cursor") + 1
+
+    def _has_batch(self, producer: str, producer_batch: int | None) -> bool:
+        import sqlalchemy as sa
+
+        read, _ = self._engines()
+        b = self._batches
+        with read.connect() as conn:
+            stmt = sa.select(b.c.batch).where(b.c.producer == producer, b.c.producer_batch == producer_batch)
+            return conn.execute(stmt).first() is not None
+
     def batches_waiting(self) -> int:
         """Explored batches (one per ``put``, by every process) not taken by ``get(None)`` yet."""
         read, _ = self._engines()
@@ -558,10 +601,21 @@ class SQLBuffer:
         with write.begin() as conn:
             run = conn.execute
             later = sa.update(t).where(t.c.seq > int(rw["mark"]), t.c.reward_status != ROLLED_BACK)
-            rolled = run(
-                later.values(reward_status=ROLLED_BACK, consumed_at=None, last_get=None, expired_at=None)
-            ).rowcount
-            restored = 0
+            rolled, restored = 0, 0
+            if self.rewind == "reads":  # rows put since stay; what was taken or dropped since is undone
+                taken = later.where(t.c.reward.is_not(None), t.c.expired_at.is_(None), moved())
+                restored += run(taken.values(reward_status=READY, **reset())).rowcount
+                expired = later.where(t.c.expired_at.is_not(None), t.c.reward_status != PENDING)
+                values = {"reward_status": PENDING, "reward": None, "expired_at": None, **reset()}
+                restored += run(expired.values(**values)).rowcount
+            else:
+                values = {
+                    "reward_status": ROLLED_BACK,
+                    "consumed_at": None,
+                    "last_get": None,
+                    "expired_at": None,
+                }
+                rolled = run(later.values(**values)).rowcount
             for within in _in_ranges(t.c.seq, rw.get("ready", [])):
                 stmt = sa.update(t).where(within, moved()).values(reward_status=READY, **reset())
                 restored += run(stmt).rowcount
@@ -574,7 +628,9 @@ class SQLBuffer:
             for seq, uses, last_get in rw.get("used", []):
                 stmt = sa.update(t).where(t.c.seq == seq, moved(uses, last_get))
                 restored += run(stmt.values(reward_status=READY, **reset(uses, last_get))).rowcount
-            untaken = 0 if batches is None else _rewind_batches(conn, self._batches, batches)
+            untaken = 0
+            if batches is not None:
+                untaken = _rewind_batches(conn, self._batches, batches, keep_later=self.rewind == "reads")
         if rolled or restored or untaken:
             self._wake()
         return {"rolled_back": rolled, "restored": restored}
@@ -605,12 +661,16 @@ def _ranges(seqs: list[int]) -> list[list[int]]:
     return out
 
 
-def _rewind_batches(conn: Any, b: Any, mark: dict[str, Any]) -> int:
-    """Delete the batches recorded after ``mark["mark"]``; un-take those in ``mark["untaken"]``
-    (ranges) that were taken since. Returns how many batches changed."""
+def _rewind_batches(conn: Any, b: Any, mark: dict[str, Any], keep_later: bool = False) -> int:
+    """Delete the batches recorded after ``mark["mark"]`` (``keep_later``: un-take them instead); un-take
+    those in ``mark["untaken"]`` (ranges) that were taken since. Returns how many batches changed."""
     import sqlalchemy as sa
 
-    changed = conn.execute(sa.delete(b).where(b.c.batch > int(mark["mark"]))).rowcount
+    later = b.c.batch > int(mark["mark"])
+    if keep_later:
+        changed = conn.execute(sa.update(b).where(later).values(taken_at=None)).rowcount
+    else:
+        changed = conn.execute(sa.delete(b).where(later)).rowcount
     for within in _in_ranges(b.c.batch, mark.get("untaken", [])):
         stmt = sa.update(b).where(within, b.c.taken_at.is_not(None)).values(taken_at=None)
         changed += conn.execute(stmt).rowcount

@@ -51,6 +51,9 @@ batch              integer (pk)    autoincrement: put order
 size               integer         ``len(experiences)`` of the put (0: every task was skipped or filtered)
 created_at         float           the buffer's ``clock()`` at the ``put``
 taken_at           float, null     time of the ``get(None)`` that took it; NULL until then
+producer           text, null      who put it when several processes feed the table (``explorer-0``)
+producer_batch     integer, null   that producer's own batch counter; (producer, producer_batch) is
+                                   unique, so a restarted explorer never puts a batch twice
 =================  ==============  =====================================================================
 
 A plain query works on any backend, e.g.
@@ -150,8 +153,12 @@ def build_batches_table(metadata: Any, name: str) -> Any:
         sa.Column("size", sa.Integer(), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.Column("taken_at", sa.Float(), nullable=True),
+        sa.Column("producer", sa.String(), nullable=True),
+        sa.Column("producer_batch", sa.Integer(), nullable=True),
         # get(None): the oldest batch not taken yet.
         sa.Index(f"ix_{name}_batches_open", "taken_at", "batch"),
+        # a producer (an explorer process) puts each of its batches once: its cursor survives a kill
+        sa.UniqueConstraint("producer", "producer_batch", name=f"uq_{name}_batches_producer"),
     )
 
 

@@ -23,5 +23,5 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
     if stage.cfg.mode == "train":
         return train.steps(stage)
     if stage.cfg.mode == "async":
-        return asynchronous.steps(stage)
+        return asynchronous.steps(stage) if stage.explorer else asynchronous.trainer_steps(stage)
     return offset.steps(stage) if stage.cfg.sync.sync_offset > 0 else sync.steps(stage)

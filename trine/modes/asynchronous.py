@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
-from trine.buffer import BufferTimeout
+from trine.buffer import Buffer, BufferTimeout
 from trine.roles import ExplorerSide, Stage, TrainerSide
 
 POLL_SECONDS = 0.5
@@ -29,11 +30,15 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
     assert explorer is not None
     limit = stage.cfg.buffer.max_staleness
     stop, ended, errors = threading.Event(), threading.Event(), []
+    assert trainer.buffer is not None and trainer.batch_size is not None
+    queue = partial(queued_steps, trainer.buffer, trainer.batch_size)
 
     def explore() -> None:
         try:
             while not stop.is_set():
-                version, waited = _pace(explorer, trainer, limit, stop)
+                version, waited = pace(
+                    explorer, lambda: trainer.version + trainer.stepping, queue, limit, stop
+                )
                 if not explorer.produce(version, stop=stop, extra={"explorer/paced_seconds": waited}):
                     break
         except BaseException as err:  # surfaced in the trainer's thread
@@ -67,11 +72,33 @@ def _newest(explorer: ExplorerSide) -> int:
     return explorer.engine.policy_version if latest is None else max(latest, explorer.engine.policy_version)
 
 
-def _queued_steps(trainer: TrainerSide) -> int:
+def trainer_steps(stage: Stage) -> Iterator[dict[str, float]]:
+    """A trainer process (``trine train``): publish the current weights, then train on what explorer
+    processes put in the shared buffer, waiting up to ``sync.wait_timeout`` for each batch."""
+    trainer, cfg = stage.trainer, stage.cfg
+    assert trainer.sync is not None
+    trainer.sync.push(trainer.trainer.model, trainer.version)  # explorers start (again) from these weights
+    waited = 0.0
+    while stage.step < stage.total_steps:
+        try:
+            metrics = trainer.consume(timeout=POLL_SECONDS)
+        except BufferTimeout:
+            waited += POLL_SECONDS
+            limit = cfg.sync.wait_timeout
+            if limit is not None and waited >= limit:
+                raise TimeoutError(
+                    f"no batch of {trainer.batch_size} experiences arrived in {limit:.0f}s; is `trine explore` "
+                    "running on this run directory? (sync.wait_timeout sets how long the trainer waits)"
+                ) from None
+            continue
+        waited = 0.0
+        yield metrics
+
+
+def queued_steps(buffer: Buffer, batch_size: int) -> int:
     """Training steps the experiences already in the buffer (ready or pending) will fill."""
-    assert trainer.buffer is not None and trainer.batch_size
-    m = trainer.buffer.metrics()
-    return math.ceil((m["buffer/size"] + m["buffer/pending"]) / trainer.batch_size)
+    m = buffer.metrics()
+    return math.ceil((m["buffer/size"] + m["buffer/pending"]) / batch_size)
 
 
 def _can_step(trainer: TrainerSide) -> bool:
@@ -79,16 +106,20 @@ def _can_step(trainer: TrainerSide) -> bool:
     return trainer.buffer.metrics()["buffer/size"] >= trainer.batch_size
 
 
-def _pace(
-    explorer: ExplorerSide, trainer: TrainerSide, limit: int | None, stop: threading.Event
+def pace(
+    explorer: ExplorerSide,
+    trainer_at: Callable[[], int],
+    queued: Callable[[], int],
+    limit: int | None,
+    stop: threading.Event,
 ) -> tuple[int, float]:
     """The weights version to explore the next batch with (the newest pushed), once a batch explored
-    now would be trained within ``limit`` versions of it (the trainer is at ``trainer.version``, with
-    the batch it is training and ``_queued_steps`` ahead of it); returns it and the seconds waited."""
+    now would be trained within ``limit`` versions of it: the trainer will train it at ``trainer_at()``
+    (its version, counting a step in flight) plus ``queued()`` steps already waiting. Returns the
+    version and the seconds waited."""
     start = time.perf_counter()
     while True:
         version = _newest(explorer)
-        ahead = trainer.version + trainer.stepping + _queued_steps(trainer)  # the version it will train at
-        if limit is None or stop.is_set() or ahead - version <= limit:
+        if limit is None or stop.is_set() or trainer_at() + queued() - version <= limit:
             return version, time.perf_counter() - start
         stop.wait(0.02)

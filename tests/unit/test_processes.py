@@ -1,0 +1,83 @@
+"""What a ``trine train`` / ``trine explore`` process refuses before it touches the run: a config that is
+not one async stage, a buffer other processes cannot open, settings that differ from the run's, a second
+trainer; and how explorer processes split the tasks."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from tests.conftest import write_arithmetic_config
+from trine.cli import app
+from trine.config import load_config
+from trine.modes.processes import check_shared_config, trainer_lock
+from trine.tasks import TaskScheduler
+from trine.tasks.partition import PartitionedScheduler
+from trine.types import Task
+
+runner = CliRunner()
+
+
+def _config(tmp_path, model_dir, **extra):
+    base = {"mode": "async", "buffer": {"storage": "sql"}, "tasks": {"total_steps": 2}}
+    return write_arithmetic_config(tmp_path, model_dir, "procs", base, extra)
+
+
+def _said(result) -> str:
+    return " ".join((result.output or "").split())
+
+
+def test_a_buffer_that_cannot_be_shared_is_refused(tmp_path, tiny_model_dir):
+    config = _config(tmp_path, tiny_model_dir, buffer={"storage": "memory"})
+    result = runner.invoke(app, ["train", str(config)])
+    assert result.exit_code == 2, result.output
+    assert "buffer.storage='memory' cannot be shared between processes; set buffer.storage: sql" in _said(
+        result
+    )
+    assert not (tmp_path / "procs").exists()  # refused before anything was written
+
+
+def test_only_one_async_stage_runs_as_a_process(tmp_path, tiny_model_dir):
+    config = _config(tmp_path, tiny_model_dir, mode="sync", buffer={"storage": "sql"})
+    result = runner.invoke(app, ["explore", str(config)])
+    assert result.exit_code == 2 and "runs one stage of mode async" in _said(result)
+
+
+def test_settings_that_differ_from_the_run_are_named(tmp_path, tiny_model_dir):
+    config = _config(tmp_path, tiny_model_dir)
+    (cfg,) = load_config(config)
+    check_shared_config(cfg, tmp_path / "procs")  # the first process records the run's settings
+    shared = tmp_path / "procs" / "shared_config.json"
+    shared.write_text(json.dumps({**json.loads(shared.read_text()), "seed": 7, "tasks.batch_size": 8}))
+    result = runner.invoke(app, ["train", str(config)])
+    said = _said(result)
+    assert (
+        result.exit_code == 2 and "other settings: seed (7 there, 0 here), tasks.batch_size (8 there" in said
+    )
+    assert "Start every process with the same config" in said
+
+
+def test_a_second_trainer_is_refused(tmp_path, tiny_model_dir):
+    config = _config(tmp_path, tiny_model_dir)
+    with trainer_lock(tmp_path / "procs"):
+        result = runner.invoke(app, ["train", str(config)])
+    assert result.exit_code == 2 and "another trainer" in _said(result) and "is locked" in _said(result)
+
+
+def test_explorers_split_the_task_stream_without_overlap_or_loss():
+    tasks = [Task(task_id=str(i), question=f"{i}?", answer=str(i)) for i in range(23)]
+
+    def batches(index: int, count: int, skip: int = 0) -> list[list[str]]:
+        s = PartitionedScheduler(TaskScheduler(tasks, seed=3, epochs=1), index, count)
+        s.skip(skip, 4)
+        out = []
+        while chunk := s.next_batch(4):
+            out.append([t.task_id for t in chunk])
+        return out
+
+    alone = batches(0, 1)
+    split = [batches(i, 3) for i in range(3)]
+    assert sorted(t for part in split for b in part for t in b) == sorted(t for b in alone for t in b)
+    assert split[1] == alone[1::3] and split[2] == alone[2::3]  # every n-th batch of the shared order
+    assert batches(1, 3, skip=1) == split[1][1:]  # a restart continues after the batches it put

@@ -1,0 +1,236 @@
+"""Mode ``async`` as separate processes: one ``trine train`` and one or more ``trine explore`` on one run
+directory. They meet only at the SQL buffer (``<run_dir>/buffer.db`` by default, or PostgreSQL) and at
+the weights the trainer publishes into ``<run_dir>/weights`` (``sync.method: published``).
+
+- **trainer** (:func:`train`): the loop with the trainer side only (:func:`trine.modes.asynchronous.
+  trainer_steps`): publishes its weights at start and every ``sync_interval`` steps, checkpoints as
+  usual. One per run directory (``trainer.lock``). Killed and restarted, it resumes at its checkpoint and
+  gives back what it took from the buffer since (``rewind="reads"``): nothing is lost or trained twice.
+- **explorer** (:func:`explore`): explores its share of the tasks (explorer ``i`` of ``n`` takes every
+  n-th batch, :mod:`trine.tasks.partition`) with the newest published weights, paced by
+  ``buffer.max_staleness``; each batch is put once under its name (``explorer-i``), so a restarted
+  explorer continues after the last batch it put. It writes ``explorers/<i>/status.json`` and
+  ``explorers/<i>/metrics.jsonl`` and stops when the trainer's run ends or its tasks run out.
+- **launcher** (:func:`launch`): ``trine run`` with ``launch: processes`` starts both and waits.
+
+Either side may start first: an explorer waits for the first published weights, the trainer for the first
+batch, each up to ``sync.wait_timeout``. All processes must agree on the settings they share
+(``shared_config.json``, :func:`check_shared_config`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from trine.config import RunConfig
+
+SHARED_SECTIONS = ("seed", "model", "tasks", "algorithm", "buffer", "sync", "trainer")
+"""Config keys every process of a run must agree on (the explorers' batches are the trainer's data)."""
+FINAL = ("finished", "failed", "stopped")
+
+
+class ProcessSetupError(ValueError):
+    """A process cannot join the run: wrong mode or buffer, other shared settings, a second trainer."""
+
+
+def run_dir_of(cfg: RunConfig) -> Path:
+    """The run directory ``cfg`` runs in (as :class:`trine.rundir.RunDir` picks it)."""
+    return Path(cfg.run_dir) if cfg.run_dir else Path("runs") / cfg.name
+
+
+def as_process(stages: list[RunConfig], command: str) -> RunConfig:
+    """The one stage a ``trine train`` / ``trine explore`` process runs, with ``launch: processes``."""
+    if len(stages) != 1 or stages[0].mode != "async":
+        modes = [s.mode for s in stages]
+        raise ProcessSetupError(
+            f"`trine {command}` runs one stage of mode async (explorer and trainer processes); this config has "
+            f"{len(stages)} stage(s) of mode(s) {modes}. Use `trine run` for it, or give a single-stage "
+            "config with mode: async."
+        )
+    from pydantic import ValidationError
+
+    cfg = stages[0].model_copy(update={"launch": "processes"})
+    try:  # the checks for processes (a SQL buffer, published weights, ...) with launch set
+        RunConfig.model_validate(cfg.model_dump())
+    except ValidationError as err:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
+        raise ProcessSetupError(f"`trine {command}`: {problems}") from None
+    return cfg
+
+
+def check_shared_config(cfg: RunConfig, run_dir: Path) -> None:
+    """The first process records the settings every process must share in ``shared_config.json``; a later
+    one with different settings is refused with the keys that differ."""
+    mine = _flat(cfg.model_dump(mode="json", include=set(SHARED_SECTIONS)))
+    path = run_dir / "shared_config.json"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        with open(path, "x", encoding="utf-8") as f:  # exclusive create: the first process wins
+            json.dump(mine, f, indent=1, sort_keys=True)
+        return
+    theirs = json.loads(path.read_text())
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if differ:
+        shown = ", ".join(f"{k} ({theirs.get(k)!r} there, {mine.get(k)!r} here)" for k in differ[:6])
+        raise ProcessSetupError(
+            f"{run_dir} is a run whose processes use other settings: {shown}"
+            + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+            + f". Start every process with the same config (see {path}), or use another run_dir."
+        )
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+@contextlib.contextmanager
+def trainer_lock(run_dir: Path) -> Iterator[None]:
+    """Hold ``<run_dir>/trainer.lock`` (released by the OS if the process dies): one trainer per run."""
+    import fcntl
+
+    path = run_dir / "trainer.lock"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = Path(path).read_text().strip() or "?"
+            raise ProcessSetupError(
+                f"another trainer (pid {holder}) is running on {run_dir} ({path} is locked); a run has one "
+                "trainer: stop it first, or use another run_dir."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def train(stages: list[RunConfig]) -> dict[str, Any]:
+    """``trine train``: the trainer process of an async run (see the module docstring)."""
+    from trine.loop import run
+
+    cfg = as_process(stages, "train")
+    run_dir = run_dir_of(cfg)
+    check_shared_config(cfg, run_dir)
+    with trainer_lock(run_dir):
+        return run([cfg], part="trainer")
+
+
+def trainer_ended(run_dir: Path, since: float) -> str | None:
+    """The trainer's final state if it ended after ``since`` (unix time), else None."""
+    path = run_dir / "status.json"
+    with contextlib.suppress(OSError, ValueError):
+        state = json.loads(path.read_text()).get("state")
+        if state in FINAL and path.stat().st_mtime >= since:
+            return str(state)
+    return None
+
+
+def explore(stages: list[RunConfig], index: int, count: int) -> str:
+    """``trine explore``: explorer process ``index`` of ``count``; returns why it stopped."""
+    from trine import build
+    from trine.monitor import build_monitor
+    from trine.status import Heartbeat
+
+    cfg = as_process(stages, "explore")
+    run_dir = run_dir_of(cfg)
+    check_shared_config(cfg, run_dir)
+    if trainer_ended(run_dir, since=0) == "finished":
+        return "the trainer already finished this run"
+    started, out = time.time(), run_dir / "explorers" / str(index)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = build.load_policy(cfg)
+    side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count)
+    heartbeat = Heartbeat(out, side.batches)
+    monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=side.batches)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(run_dir, started, stop), daemon=True)
+    watcher.start()
+    try:
+        side.sync.wait_for_first(cfg.sync.wait_timeout)  # type: ignore[attr-defined]
+        why = _explore_loop(cfg, side, monitor, heartbeat, stop)
+    except KeyboardInterrupt:
+        heartbeat.end("stopped", reason="interrupted; run again to continue")
+        raise
+    except BaseException as err:
+        heartbeat.end("failed", error=f"{type(err).__name__}: {err}")
+        raise
+    finally:
+        stop.set()
+        monitor.close()
+        side.explorer.close()
+        side.sync.close()
+    heartbeat.end("finished", reason=why)
+    return why
+
+
+def _watch(run_dir: Path, since: float, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        if trainer_ended(run_dir, since):
+            stop.set()
+
+
+def _explore_loop(cfg: RunConfig, side: Any, monitor: Any, heartbeat: Any, stop: threading.Event) -> str:
+    from trine.modes.asynchronous import pace, queued_steps
+
+    batch = cfg.trainer.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
+    queued = partial(queued_steps, side.buffer, batch)
+    trainer_at = lambda: (side.sync.latest() or 0) + cfg.sync.sync_interval  # noqa: E731 - at most this far
+    while not stop.is_set():
+        version, waited = pace(side, trainer_at, queued, cfg.buffer.max_staleness, stop)
+        if stop.is_set():
+            break
+        if not side.produce(version, stop=stop, extra={"explorer/paced_seconds": waited}):
+            return "stopped" if stop.is_set() else "its tasks ran out"
+        monitor.log({**side.report(), "explorer/version": float(version)}, side.batches)
+        heartbeat.beat(side.batches)
+    return "the trainer's run ended"
+
+
+def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConfig) -> int:
+    """``trine run`` with ``launch: processes``: start ``trine train`` and ``explorer.instances`` ×
+    ``trine explore`` on the same config, forward Ctrl-C / SIGTERM to them, wait; the trainer's exit code."""
+    base = [sys.executable, "-m", "trine.cli"]
+    extra = [*overrides, *(a for p in plugins for a in ("--plugin", str(p)))]
+    n = cfg.explorer.instances
+    trainer = subprocess.Popen([*base, "train", str(config), *extra])
+    explorers = [
+        subprocess.Popen(
+            [*base, "explore", str(config), *extra, "--explorer-id", str(i), "--explorers", str(n)]
+        )
+        for i in range(n)
+    ]
+    children = [trainer, *explorers]
+    try:
+        code = trainer.wait()
+        for p in explorers:  # they see the trainer's final status within a second or two
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+        return code
+    finally:
+        for p in children:
+            if p.poll() is None:
+                p.terminate()
+        for p in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=30)
