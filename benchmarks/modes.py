@@ -1,13 +1,22 @@
-"""Sync modes on a long-tailed environment: the shape of the Trinity-RFT report's Table 1, on CPU.
+"""Modes on a long-tailed environment: the shape of the Trinity-RFT report's Table 1, on CPU.
 
-A simulated environment makes every task wait a log-normal time before the model answers
-(median ``--latency`` seconds, shape ``--sigma``): most tasks are quick, a few are very slow, and
-a batch is as slow as its slowest task. Rows: ``sync_interval`` 1, 2, 10 (colocated: the interval's
-batches are explored concurrently, one long tail instead of one per batch) and ``sync_offset=1``
-(the explorer runs one batch ahead in a thread from a weight snapshot). For each: wall time of
-``--steps`` steps, speedup vs sync_interval=1, and the fraction of the wall time the explorer and the
-trainer were idle. Modes alternate over ``--rounds`` rounds; medians are reported. The environment
-latencies are identical across modes (seeded per task and visit).
+A simulated environment (``benchmarks/slow_env.py``) makes every task wait a log-normal time before the
+model answers (median ``--latency`` seconds, shape ``--sigma``): most tasks are quick, a few are very
+slow, and a batch explored as a whole is as slow as its slowest task. Rows, all training ``--steps``
+steps on the same tasks:
+
+- ``sync_interval`` 1 and 10 (colocated; the interval's batches are explored concurrently);
+- ``sync_offset=1`` (an explorer thread one batch ahead, from a weight snapshot);
+- ``async`` in one process (an explorer thread streams: ``explorer.oversample`` × batch tasks in flight,
+  a batch is the first ``tasks.batch_size`` to finish), ``buffer.max_staleness`` ``--staleness``;
+- ``async`` as processes (``trine run`` with ``launch: processes``: ``trine train`` + ``trine explore``),
+  with one and with two explorers.
+
+Wall time is the trainer's: the sum of ``time/step_seconds`` from the first step to the last (model
+loading and process start-up excluded, the same for every row). Explorer idle = 1 − explore time / wall
+(async: the time it held back for the staleness bound / wall); trainer idle = 1 − train time / wall;
+staleness = mean ``buffer/staleness_mean``. Modes alternate over ``--rounds`` rounds; medians reported.
+The environment latencies are identical across modes (seeded per task and visit).
 
 Usage: python benchmarks/modes.py [--steps 30] [--latency 0.2] [--sigma 1.0] [--rounds 2] [--no-write]
 """
@@ -15,40 +24,24 @@ Usage: python benchmarks/modes.py [--steps 30] [--latency 0.2] [--sigma 1.0] [--
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import math
-import random
+import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
+import slow_env  # noqa: F401 - registers the workflow
+import yaml
 from common import ROOT, markdown_table, median, report, threads, tiny_model
 
 from trine.config import validate_dict
 from trine.loop import run
-from trine.registry import register
-from trine.workflows import SingleTurnWorkflow
+
+PLUGIN = Path(__file__).with_name("slow_env.py")
 
 
-@register("workflow", "slow_env")
-class SlowEnvironment(SingleTurnWorkflow):
-    """Single-turn workflow behind an environment with log-normal latency."""
-
-    def __init__(self, reward, latency: float = 0.2, sigma: float = 1.0) -> None:
-        super().__init__(reward)
-        self.mu, self.sigma = math.log(latency), sigma
-        self.visits: dict[str, int] = {}
-
-    async def run(self, task, model):
-        visit = self.visits[task.task_id] = self.visits.get(task.task_id, 0) + 1
-        delay = random.Random(f"{task.task_id}/{visit}").lognormvariate(self.mu, self.sigma)
-        await asyncio.sleep(delay)
-        return await super().run(task, model)
-
-
-def config(run_dir: Path, steps: int, interval: int, offset: int, latency: float, sigma: float) -> dict:
-    return {
+def config(run_dir: Path, steps: int, latency: float, sigma: float, **mode: dict) -> dict:
+    base = {
         "name": "modes",
         "run_dir": str(run_dir),
         "seed": 0,
@@ -67,26 +60,43 @@ def config(run_dir: Path, steps: int, interval: int, offset: int, latency: float
             },
         },
         "trainer": {"lr": 1e-4, "keep_checkpoints": 1},
-        "sync": {"sync_interval": interval, "sync_offset": offset},
         "eval": {"at_start": False},
         "monitor": {"sinks": ["jsonl"], "plot": False},
     }
+    return {**base, **mode}
 
 
-def measure(steps: int, interval: int, offset: int, latency: float, sigma: float) -> dict[str, float]:
+def measure(steps: int, latency: float, sigma: float, mode: dict) -> dict[str, float]:
     run_dir = Path(tempfile.mkdtemp(prefix="trine-modes-"))
-    stages, errors = validate_dict(config(run_dir, steps, interval, offset, latency, sigma))
-    assert not errors, errors
-    start = time.perf_counter()
-    run(stages)
-    wall = time.perf_counter() - start
+    data = config(run_dir, steps, latency, sigma, **mode)
+    if mode.get("launch") == "processes":
+        path = run_dir.with_suffix(".yaml")
+        path.write_text(yaml.safe_dump(data))
+        cmd = [sys.executable, "-m", "trine.cli", "run", str(path), "--plugin", str(PLUGIN)]
+        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    else:
+        stages, errors = validate_dict(data)
+        assert not errors, errors
+        run(stages)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    explore = sum(r.get("time/explore_seconds", 0.0) for r in rows)
-    train = sum(r.get("time/train_seconds", 0.0) for r in rows)
+    steps_rows = [r for r in rows if "trainer/loss" in r or "trainer/empty_batch" in r]
+    wall = sum(r.get("time/step_seconds", 0.0) for r in steps_rows)
+    train = sum(r.get("time/train_seconds", 0.0) for r in steps_rows)
+    if mode.get("mode") == "async":  # the explorer streams: idle = held back for the staleness bound
+        explorer_files = sorted(run_dir.glob("explorers/*/metrics.jsonl")) or [run_dir / "metrics.jsonl"]
+        paced = [
+            sum(json.loads(line).get("explorer/paced_seconds", 0.0) for line in f.read_text().splitlines())
+            for f in explorer_files
+        ]
+        explorer_idle = sum(paced) / len(paced) / wall
+    else:
+        explorer_idle = 1 - sum(r.get("time/explore_seconds", 0.0) for r in steps_rows) / wall
+    staleness = [r["buffer/staleness_mean"] for r in steps_rows if "buffer/staleness_mean" in r]
     return {
         "wall": wall,
-        "explorer_idle": max(0.0, 1 - explore / wall),
+        "explorer_idle": min(1.0, max(0.0, explorer_idle)),
         "trainer_idle": max(0.0, 1 - train / wall),
+        "staleness": sum(staleness) / len(staleness) if staleness else 0.0,
     }
 
 
@@ -96,19 +106,27 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2, help="median environment latency (s)")
     parser.add_argument("--sigma", type=float, default=1.0, help="log-normal shape: larger = longer tail")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--staleness", type=int, default=4, help="buffer.max_staleness of the async rows")
+    parser.add_argument(
+        "--oversample", type=float, default=3.0, help="explorer.oversample of async in one process"
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     threads(2)
+    stale = {"max_staleness": args.staleness}
+    processes = {"mode": "async", "launch": "processes", "buffer": {"storage": "sql", **stale}}
     modes = {
-        "sync_interval=1": (1, 0),
-        "sync_interval=2": (2, 0),
-        "sync_interval=10": (10, 0),
-        "sync_offset=1": (1, 1),
+        "sync_interval=1": {},
+        "sync_interval=10": {"sync": {"sync_interval": 10}},
+        "sync_offset=1": {"sync": {"sync_offset": 1}},
+        "async, one process": {"mode": "async", "buffer": stale, "explorer": {"oversample": args.oversample}},
+        "async, explore + train processes": processes,
+        "async, 2 explorers + trainer": {**processes, "explorer": {"instances": 2}},
     }
     results: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
     for _ in range(args.rounds):
-        for name, (k, m) in modes.items():
-            results[name].append(measure(args.steps, k, m, args.latency, args.sigma))
+        for name, mode in modes.items():
+            results[name].append(measure(args.steps, args.latency, args.sigma, mode))
     base = median([r["wall"] for r in results["sync_interval=1"]])
     rows = []
     for name, runs in results.items():
@@ -120,15 +138,24 @@ def main() -> None:
                 f"{base / wall:.2f}x",
                 f"{100 * median([r['explorer_idle'] for r in runs]):.0f}%",
                 f"{100 * median([r['trainer_idle'] for r in runs]):.0f}%",
+                f"{median([r['staleness'] for r in runs]):.2f}",
             ]
         )
-    table = markdown_table(
-        ["mode", f"wall s ({args.steps} steps)", "speedup", "explorer idle", "trainer idle"], rows
-    )
+    headers = [
+        "mode",
+        f"wall s ({args.steps} steps)",
+        "speedup",
+        "explorer idle",
+        "trainer idle",
+        "staleness",
+    ]
+    table = markdown_table(headers, rows)
     report(
-        f"Sync modes, long-tailed environment (tiny-1m, 8 tasks x 8 samples, latency median {args.latency}s, sigma {args.sigma})",
+        f"Modes, long-tailed environment (tiny-1m, 8 tasks x 8 samples, latency median {args.latency}s, "
+        f"sigma {args.sigma}; async: max_staleness {args.staleness}, one process oversample {args.oversample})",
         table,
-        f"Medians of {args.rounds} alternating rounds. Idle = 1 - busy time / wall time.",
+        f"Medians of {args.rounds} alternating rounds. Wall = the trainer's step time summed (start-up excluded). "
+        "Idle = 1 - busy time / wall (async explorer: time held back for the staleness bound / wall).",
         write=not args.no_write,
     )
 

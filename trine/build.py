@@ -105,10 +105,15 @@ def build_task_scheduler(cfg: RunConfig, tasksets: list[Any]) -> Any:
     )
 
 
-def build_stage(cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, part: str = "all") -> Stage:
+def build_stage(
+    cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, part: str = "all", source: Any = None
+) -> Stage:
     """Build the roles of one stage around ``model``: the trainer side, and the explorer side (modes
     ``sync`` and ``async``) or the supervised source (mode ``train``), plus evaluation.
-    ``part="trainer"``: a trainer process whose explorers are other processes (``trine train``)."""
+    ``part="trainer"``: a trainer process whose explorers are other processes (``trine train``);
+    ``source``: a trainer-only stage on it (:func:`build_trainer_stage`)."""
+    if source is not None:
+        return build_trainer_stage(cfg, model, tokenizer, source)
     algorithm = build_algorithm(cfg)
     scheduler = _scheduler(cfg, algorithm)
     total = cfg.tasks.total_steps or scheduler.total_batches(cfg.tasks.batch_size)
@@ -357,3 +362,14 @@ def build_eval_explorer(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
     """An explorer over an engine of ``model`` for evaluation only (no rollouts file): what a run's
     evaluation samples with, for ``trine bench`` on a checkpoint's weights."""
     return _explorer(cfg, _engine(cfg, model, tokenizer), None)
+
+
+def build_trainer_stage(cfg: RunConfig, model: Any, tokenizer: Any, source: Any) -> Stage:
+    """A trainer-only stage on ``source`` (a :class:`~trine.roles.Source` with a length: the steps of a
+    replay, ``trine train --replay``), built as :func:`build_stage` builds the trainer side for ``cfg``
+    (same algorithm, trainer settings, seed and schedule length), with no buffer, weight sync, explorer
+    or evaluation."""
+    algorithm = build_algorithm(cfg)
+    total = cfg.tasks.total_steps or _scheduler(cfg, algorithm).total_batches(cfg.tasks.batch_size)
+    trainer = _trainer(cfg, algorithm, model, tokenizer, total)
+    return Stage(cfg=cfg, trainer=TrainerSide(trainer, None, None), total_steps=len(source), source=source)

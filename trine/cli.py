@@ -88,9 +88,16 @@ def train(
     config: Path = typer.Argument(..., help="YAML config file (mode: async, a SQL buffer)."),
     overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
     plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+    replay: Path = typer.Option(
+        None, "--replay", help="A run directory: train again on the steps it trained (its SQL buffer)."
+    ),
 ) -> None:
-    """The trainer process of an async run: trains on what `trine explore` processes put in the buffer."""
+    """The trainer process of an async run: trains on what `trine explore` processes put in the buffer.
+    With --replay RUN_DIR: trains CONFIG's model on the steps that run trained, in a new run directory."""
     stages = _load(config, overrides or [], plugin)
+    if replay is not None:
+        print_summary(_guarded(lambda: _replay(stages, replay)))
+        return
     from trine.modes.processes import train as train_process
 
     print_summary(_guarded(lambda: _process_input(lambda: train_process(stages))))
@@ -110,6 +117,17 @@ def explore(
 
     why = _guarded(lambda: _process_input(lambda: explore_process(stages, explorer_id, explorers)))
     typer.echo(f"explorer {explorer_id}: done ({why})")
+
+
+def _replay(stages: list[Any], source: Path) -> dict[str, Any]:
+    """``trine train --replay``: a run that cannot be replayed exits 2 with the message."""
+    from trine.modes.replay import ReplayError, replay
+
+    try:
+        return replay(stages, source)
+    except ReplayError as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
 
 
 def _process_input(fn: Callable[[], Any]) -> Any:
@@ -196,20 +214,26 @@ def plot(run_dir: Path = typer.Argument(..., help="A run directory holding metri
 
 
 @app.command()
-def status(run_dir: Path = typer.Argument(..., help="A run directory (runs/<name>).")) -> None:
+def status(
+    run_dir: Path = typer.Argument(..., help="A run directory (runs/<name>)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for scripts)."),
+) -> None:
     """Say whether a run is running, dead (killed: pid gone or heartbeat stale), finished, stopped or
-    failed, at which step. Exit code: 0 running/finished/stopped, 1 dead/failed, 2 no run there."""
-    from trine.status import describe, read_status
+    failed, at which step; for a run with explorer processes, one line per process (step, weights
+    version, lag), the buffer's depth and the published weights. Exit code: 0 running/finished/stopped,
+    1 dead/failed (or an explorer dead while the trainer runs), 2 no run there."""
+    import json
 
-    try:
-        record = read_status(run_dir)
-    except FileNotFoundError as err:
-        typer.secho(str(err), fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
-    state, why = describe(record)
-    line = f"{run_dir}: {state} at step {record.get('step', '?')}"
-    typer.echo(f"{line} ({why.splitlines()[0]})" if why else line)
-    raise typer.Exit(1 if state in ("dead", "failed") else 0)
+    from trine.status_report import run_status
+
+    report = run_status(run_dir, details=as_json)
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), indent=1))
+    elif report.trainer.state == "absent" and not report.processes:
+        typer.secho(report.trainer.why, fg=typer.colors.RED, err=True)
+    else:
+        typer.echo("\n".join(report.lines()))
+    raise typer.Exit(report.exit_code)
 
 
 @app.command()

@@ -293,6 +293,9 @@ class ExplorerConfig(Section):
     """Rows the rollout engine samples in one batch."""
     dump_rollouts: bool = False
     """Append every sampled trajectory (text, reward) to ``rollouts.jsonl`` in the run directory."""
+    oversample: Annotated[float, Field(ge=1)] = 1.0
+    """Mode async: tasks kept in flight per batch (× ``tasks.batch_size``); a batch is the first
+    ``tasks.batch_size`` of them to finish, the slower ones carry over to later batches."""
     instances: Count = 1
     """Explorer processes ``trine run`` starts with ``launch: processes`` (``trine explore
     --explorer-id i --explorers n`` each; they split the tasks without overlap)."""

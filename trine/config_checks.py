@@ -50,6 +50,11 @@ def mode_problems(cfg: RunConfig) -> list[str]:
             "per step (batch_size: null); change tasks.batch_size to change it, split it with "
             "trainer.mini_batches, or set mode: async"
         )
+    if cfg.explorer.oversample != 1 and cfg.mode != "async":
+        problems.append(
+            f"explorer.oversample={cfg.explorer.oversample} is read by mode async only (mode {cfg.mode!r} "
+            "explores whole batches); remove it or set mode: async"
+        )
     if cfg.mode == "async" and cfg.sync.sync_offset:
         problems.append(
             f"sync.sync_offset={cfg.sync.sync_offset} is for mode sync; in mode async the explorer runs "

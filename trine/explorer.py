@@ -163,26 +163,42 @@ class Explorer:
         seconds = (time.perf_counter() - start) / max(1, len(batches))
         results, offset = [], 0
         for j, tasks in enumerate(batches):
-            index, mine = first_index + j, outcomes[offset : offset + len(tasks)]
-            my_stats = stats[offset : offset + len(tasks)]
-            offset += len(tasks)
-            experiences: list[Experience] = []
-            for task, (exps, _, _) in zip(tasks, mine):
-                for e in exps:
-                    e.task_id = e.task_id or task.task_id
-                    e.group_id = e.group_id or f"{task.task_id}@{index}"
-                    e.run_id = e.run_id or new_id("run-")
-                    e.policy_version = version
-                    e.info.setdefault("batch", index)
-                experiences.extend(exps)
-            if self.rollouts_path is not None:
-                self._dump(tasks, mine, index, version)
-            metrics = self._metrics(experiences, mine, seconds)
-            metrics["explorer/reward_timeouts"] = float(sum(s.reward_timeouts for s in my_stats))
-            metrics["explorer/stuck_threads"] = float(self.pool.stuck)
-            results.append((experiences, metrics))
-            self._check_skips(tasks, mine, my_stats, index)
+            n = len(tasks)
+            done = list(zip(tasks, outcomes[offset : offset + n], stats[offset : offset + n]))
+            results.append(self.assemble(done, first_index + j, [version] * n, seconds))
+            offset += n
         return results
+
+    def assemble(
+        self, done: list[tuple[Task, Any, Any]], index: int, versions: list[int], seconds: float
+    ) -> tuple[list[Experience], dict[str, float]]:
+        """Batch ``index`` from finished tasks ``(task, outcome, stats)`` (from :meth:`run_one` or a
+        batch run), each sampled with weights ``versions[i]``: its experiences (ids, groups and versions
+        filled in), ``explorer/*`` metrics, the rollouts dump and the skip checks."""
+        tasks = [t for t, _, _ in done]
+        mine = [o for _, o, _ in done]
+        experiences: list[Experience] = []
+        for task, (exps, _, _), version in zip(tasks, mine, versions):
+            for e in exps:
+                e.task_id = e.task_id or task.task_id
+                e.group_id = e.group_id or f"{task.task_id}@{index}"
+                e.run_id = e.run_id or new_id("run-")
+                e.policy_version = version
+                e.info.setdefault("batch", index)
+            experiences.extend(exps)
+        if self.rollouts_path is not None:
+            self._dump(tasks, mine, index, min(versions, default=0))
+        metrics = self._metrics(experiences, mine, seconds)
+        metrics["explorer/reward_timeouts"] = float(sum(s.reward_timeouts for _, _, s in done))
+        metrics["explorer/stuck_threads"] = float(self.pool.stuck)
+        self._check_skips(tasks, mine, [s for _, _, s in done], index)
+        return experiences, metrics
+
+    async def run_one(self, task: Task) -> tuple[Task, Any, Any]:
+        """Run one task (timeout, retries, skip) in the running event loop: ``(task, outcome, stats)``
+        for :meth:`assemble`; for callers that form batches as tasks finish (a streaming explorer)."""
+        stats = _TaskStats()
+        return task, await self._run_task(task, stats), stats
 
     def _check_skips(self, tasks: list[Task], outcomes: list, stats: list[_TaskStats], index: int) -> None:
         """Warn about a batch that skipped many tasks; raise :class:`SkipRatioError` when too many of

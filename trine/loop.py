@@ -18,9 +18,10 @@ from trine.roles import Stage
 from trine.rundir import RunDir
 
 
-def run(stages: list[RunConfig], part: str = "all") -> dict[str, Any]:
+def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[str, Any]:
     """Run every stage in order (resuming where the run directory left off); returns the summary.
-    ``part="trainer"``: the trainer process of an async run (:mod:`trine.modes.processes`)."""
+    ``part="trainer"``: the trainer process of an async run (:mod:`trine.modes.processes`); ``source``:
+    train on it alone (a replay, :mod:`trine.modes.replay`)."""
     preflight.check(stages)  # data and model files, before anything is written
     rd = RunDir.open(stages, build.load_policy)
     if rd.done:
@@ -32,7 +33,7 @@ def run(stages: list[RunConfig], part: str = "all") -> dict[str, Any]:
         for index, cfg in enumerate(stages):
             if index < rd.resume_at():
                 continue
-            stage = build.build_stage(cfg, rd.model, rd.tokenizer, rd.path, part)
+            stage = build.build_stage(cfg, rd.model, rd.tokenizer, rd.path, part, source)
             rd.restore(stage, index)
             _run_stage(stage, index, rd)
             limit = cfg.stop_after_steps

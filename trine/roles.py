@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trine.refill import pass_rates, shape_batch
 from trine.types import Experience, Task
@@ -88,6 +88,10 @@ class ExplorerSide:
     """Held while a batch is explored and put; a checkpoint takes it to see a consistent state."""
     reports: deque[dict[str, float]] = field(default_factory=deque)
     """``explorer/*`` metrics of batches put but not yet reported in a step line, oldest first."""
+    unfinished: list[Task] = field(default_factory=list)
+    """Tasks a streaming explorer had drawn but not put when its state was saved: a resumed stream runs
+    them first, so none is lost."""
+    _started: dict[int, Task] = field(default_factory=dict, repr=False)
 
     @property
     def engine(self) -> RolloutModel:
@@ -125,14 +129,30 @@ class ExplorerSide:
                 metrics.update(op_metrics)
             if self.expert is not None:
                 experiences = experiences + self.expert.rows(len(experiences), version)
-            # the report first: a trainer that sees the batch finds its report
-            self.reports.append({**metrics, **extra})
-            if self.producer is None:
-                self.buffer.put(experiences)
-            else:  # a buffer shared by processes (SQLBuffer) records whose batch it is
-                self.buffer.put(experiences, producer=self.producer, producer_batch=self.batches)  # type: ignore[call-arg]
-            self.batches += 1
+            self._put(experiences, {**metrics, **extra})
         return len(results)
+
+    def stream(
+        self,
+        newest: Callable[[], int],
+        admit: Callable[[int, int], bool],
+        stop: threading.Event,
+        oversample: float = 1.0,
+        on_put: Callable[[], None] | None = None,
+    ) -> str:
+        """Explore continuously (mode async); see :func:`trine.streaming.stream`."""
+        from trine.streaming import stream
+
+        return stream(self, newest, admit, stop, oversample, on_put)
+
+    def _put(self, experiences: list[Experience], report: dict[str, float]) -> None:
+        """One explored batch into the buffer (the report first: a trainer that sees the batch finds it)."""
+        self.reports.append(report)
+        if self.producer is None:
+            self.buffer.put(experiences)
+        else:  # a buffer shared by processes (SQLBuffer) records whose batch it is
+            self.buffer.put(experiences, producer=self.producer, producer_batch=self.batches)  # type: ignore[call-arg]
+        self.batches += 1
 
     def report_all(self) -> dict[str, float]:
         """The reports of every batch not yet reported, as one: each key's mean over the batches, and
@@ -149,12 +169,19 @@ class ExplorerSide:
         return self.reports.popleft() if self.reports else {}
 
     def _shape(
-        self, experiences: list[Experience], metrics: dict[str, float], index: int, version: int
+        self,
+        experiences: list[Experience],
+        metrics: dict[str, float],
+        index: int,
+        version: int,
+        refill: bool = True,
     ) -> list[Experience]:
         """DAPO shaping and refill; refills draw tasks from the scheduler and explore them with the
-        batch's ``version``."""
+        batch's ``version`` (``refill=False``: a streaming explorer only filters; the stream refills)."""
 
         def draw_more(n: int) -> list[Experience] | None:
+            if not refill:
+                return None
             tasks = self.scheduler.next_batch(n)
             return self.explorer.explore(tasks, batch_index=index, version=version)[0] if tasks else None
 
@@ -177,6 +204,7 @@ class ExplorerSide:
             "scheduler": self.scheduler.state_dict(),
             "batches": self.batches,
             "reports": list(self.reports),
+            "unfinished": list(self._started.values()),
             "buffer": self.buffer.state_dict(),
             "engine": self.engine.state_dict(),
             "sync": self.sync.state_dict(),
@@ -189,6 +217,7 @@ class ExplorerSide:
         self.scheduler.load_state_dict(state["scheduler"])
         self.batches = int(state["batches"])
         self.reports = deque(state["reports"])
+        self.unfinished = list(state.get("unfinished", []))
         self.buffer.load_state_dict(state["buffer"])
         self.engine.load_state_dict(state["engine"])
         self.sync.load_state_dict(state["sync"])
@@ -266,10 +295,28 @@ class SupervisedSource:
     make: Callable[[list[Task]], list[Experience]]
     """:func:`~trine.tasks.supervised.sft_experiences` or ``preference_experiences`` with their keys."""
 
-    def next_batch(self) -> list[Experience] | None:
-        """The next batch, or None when the taskset is exhausted."""
+    def next_batch(self, step: int, version: int) -> tuple[list[Experience], dict[str, float]] | None:
+        """The next batch and its metrics (none), or None when the taskset is exhausted. (``step`` and
+        ``version``, the stage's step and the trainer's version, are for sources that need them: a
+        replay of stored steps.)"""
         tasks = self.scheduler.next_batch(self.batch_size)
-        return self.make(tasks) if tasks else None
+        return (self.make(tasks), {}) if tasks else None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class Source(Protocol):
+    """What a trainer-only stage trains on (:class:`SupervisedSource`, a replay of stored steps)."""
+
+    def next_batch(self, step: int, version: int) -> tuple[list[Experience], dict[str, float]] | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -318,8 +365,8 @@ class Stage:
     total_steps: int
     explorer: ExplorerSide | None = None
     """None in ``mode: train``."""
-    source: SupervisedSource | None = None
-    """``mode: train`` only."""
+    source: Source | None = None
+    """``mode: train`` (and a replay) only."""
     evaluator: Evaluator | None = None
     """None without eval tasksets."""
     step: int = 0
@@ -345,7 +392,7 @@ class Stage:
         elif self.trainer.buffer is not None:  # a trainer process: its read position in the shared buffer
             state["buffer"] = self.trainer.buffer.state_dict()
         if self.source is not None:
-            state["scheduler"] = self.source.scheduler.state_dict()
+            state.update(self.source.state_dict())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -359,6 +406,6 @@ class Stage:
         elif self.trainer.buffer is not None and "buffer" in state:
             self.trainer.buffer.load_state_dict(state["buffer"])
         if self.source is not None:
-            self.source.scheduler.load_state_dict(state["scheduler"])
+            self.source.load_state_dict(state)
         if self.explorer is None and self.evaluator is not None:  # mode train: evaluation only
             self.evaluator.explorer.model.policy_version = self.trainer.version

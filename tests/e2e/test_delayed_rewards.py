@@ -17,6 +17,13 @@ from trine.loop import run
 pytestmark = pytest.mark.slow
 
 KEY = "eval/addition/avg@8"
+DELAYED_LIFT = 0.06
+"""avg@8 lift the delayed-reward run (30 steps) must reach. Measured (sync, 30 steps from the SFT start,
+seeds 0-2): 0.115-0.154; an eval's standard error is about 0.02, so 0.06 is learning, with room."""
+LEARN_LIFT = 0.10
+"""avg@8 lift of the 50-step runs (sync with PostgreSQL, async in one process, async processes).
+Measured (SQLite, seeds 0-2 each): sync 0.18-0.22, async 0.20-0.23, processes 0.19-0.25; at 30 steps
+they were 0.09-0.20, too close to this bar."""
 
 
 def test_rewards_from_another_process_arrive_later_and_training_learns(
@@ -63,7 +70,7 @@ def test_rewards_from_another_process_arrive_later_and_training_learns(
     assert len(stored) == 30 * 16 * 8
     assert all(status == "consumed" and e.reward is not None for e, status in stored)  # graded, then trained
     evals = [r[KEY] for r in rows if KEY in r]
-    assert max(evals[1:]) - evals[0] >= 0.10, f"avg@8 {evals[0]:.2f} -> {evals[1:]}"
+    assert max(evals[1:]) - evals[0] >= DELAYED_LIFT, f"avg@8 {evals[0]:.2f} -> {evals[1:]}"
 
 
 @pytest.mark.parametrize("how", ["postgresql", "async", "processes"])
@@ -95,12 +102,12 @@ def test_the_example_learns_with_a_sql_buffer_and_async(how, sft_start, arithmet
             "model": {"path": str(sft_start)},
             "tasks": {
                 "batch_size": 16,
-                "total_steps": 30,
+                "total_steps": 50,
                 "eval": [eval_set],
                 "train": {"repeat": 8, "sampling": {"max_tokens": 6}},
             },
             "trainer": {"lr": 1e-3},
-            "eval": {"every": 15, "k": 8, "at_start": True},
+            "eval": {"every": 25, "k": 8, "at_start": True},
         },
         name=how,
     )
@@ -113,6 +120,6 @@ def test_the_example_learns_with_a_sql_buffer_and_async(how, sft_start, arithmet
         run(load_config(cfg))
     rows = read_metrics(tmp_path / how)
     evals = [r[KEY] for r in rows if KEY in r]
-    assert max(evals[1:]) - evals[0] >= 0.10, evals
+    assert max(evals[1:]) - evals[0] >= LEARN_LIFT, evals
     if how != "postgresql":  # never trained on an experience more than one version old
         assert all(r["buffer/staleness_max"] <= 1 for r in rows if "trainer/loss" in r)

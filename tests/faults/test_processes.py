@@ -87,3 +87,9 @@ def test_kill_9_the_trainer_and_an_explorer_then_restart_them(tmp_path, tiny_mod
     assert {status for _, _, status, _ in rows} <= {"ready", "dropped"}  # none rolled back or left pending
     consumed = sum(1 for *_, at in rows if at is not None)
     assert consumed == STEPS * 4  # every step trained one batch of 2 tasks x 2 samples, none twice
+    status = trine("status", str(run_dir))  # one line per process, the buffer, the published weights
+    said, _ = status.communicate(timeout=120)
+    assert status.returncode == 0, said
+    assert f"trainer and 2 explorers\n  trainer: finished at step {STEPS}, version {STEPS}" in said, said
+    assert all(f"\n  explorer {i}: finished, " in said for i in (0, 1)), said
+    assert f", {consumed} trained" in said and f"weights: published version {STEPS}" in said, said

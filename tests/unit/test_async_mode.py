@@ -33,11 +33,21 @@ def test_async_trains_every_step_within_the_staleness_bound(storage, tmp_path, t
     assert any(r["buffer/staleness_max"] == 1 for r in rows)  # ...but it does run ahead
 
 
-def test_async_with_no_staleness_bound_and_a_trainer_batch_of_its_own(tmp_path, tiny_model_dir):
-    cfg = _config(tmp_path, tiny_model_dir, buffer={"max_staleness": None}, trainer={"batch_size": 8})
+def test_async_with_no_staleness_bound_a_trainer_batch_of_its_own_and_oversampling(tmp_path, tiny_model_dir):
+    cfg = _config(
+        tmp_path,
+        tiny_model_dir,
+        buffer={"max_staleness": None},
+        trainer={"batch_size": 8},
+        explorer={"oversample": 2.0},
+    )
     run(load_config(cfg))
     rows = [r for r in read_metrics(tmp_path / "async") if "trainer/loss" in r]
     assert len(rows) == 6 and all(r["trainer/batch_size"] == 8 for r in rows)
+    reported = [r for r in rows if "explorer/batches" in r]
+    assert reported and all(
+        r["explorer/version_spread"] >= 0 and "explorer/version_min" in r for r in reported
+    )
 
 
 def test_async_ends_when_the_tasks_run_out(tmp_path, tiny_model_dir):
@@ -56,10 +66,10 @@ def test_async_ends_when_the_tasks_run_out(tmp_path, tiny_model_dir):
 def test_an_explorer_failure_stops_the_run_with_its_error(tmp_path, tiny_model_dir, monkeypatch):
     from trine.roles import ExplorerSide
 
-    def broken(self, version, count=1, stop=None, extra=None):
+    def broken(self, *args, **kwargs):
         raise RuntimeError("explorer broke")
 
-    monkeypatch.setattr(ExplorerSide, "produce", broken)
+    monkeypatch.setattr(ExplorerSide, "stream", broken)
     with pytest.raises(RuntimeError, match="explorer broke"):
         run(load_config(_config(tmp_path, tiny_model_dir)))
 
@@ -86,3 +96,21 @@ def test_async_settings_are_checked_at_validate_time(tmp_path, tiny_model_dir):
         }
     )
     assert not problems and cfg.sync_method == "copy"
+
+
+def test_a_stopped_async_run_resumes_with_the_tasks_it_had_in_flight(tmp_path, tiny_model_dir):
+    import torch
+
+    from trine.trainer.checkpoint import list_checkpoints
+
+    over = {"trainer": {"save_every": 2}, "explorer": {"oversample": 2.0}, "buffer": {"max_staleness": None}}
+    cfg = _config(tmp_path, tiny_model_dir, **over)  # unpaced: tasks are always in flight
+    run(load_config(cfg, ["stop_after_steps=3"]))
+    (checkpoint,) = list_checkpoints(tmp_path / "async" / "checkpoints")[-1:]
+    state = torch.load(checkpoint / "loop_state.pt", weights_only=False)["explorer"]
+    assert state["unfinished"] and all(
+        hasattr(t, "task_id") for t in state["unfinished"]
+    )  # run first on resume
+    run(load_config(cfg))
+    rows = [r for r in read_metrics(tmp_path / "async") if "trainer/loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]

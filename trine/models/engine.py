@@ -134,9 +134,14 @@ class HFEngine:
         return out
 
     def load_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """Copy new weights into the engine's model (no-op copy when they are the same tensors)."""
-        self.model.load_state_dict(state_dict)
-        self.policy_version = version
+        """Copy new weights into the engine's model (no-op copy when they are the same tensors), on the
+        worker thread: between two generations, never while one runs."""
+
+        def load() -> None:
+            self.model.load_state_dict(state_dict)
+            self.policy_version = version
+
+        self.call(load)
 
     @contextlib.contextmanager
     def seeded(self, seed: int) -> Iterator[None]:

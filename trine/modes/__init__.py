@@ -4,6 +4,7 @@
 - :mod:`trine.modes.offset`: the explorer runs ``sync_offset`` batches ahead in a thread.
 - :mod:`trine.modes.asynchronous`: mode ``async``, explorer and trainer concurrently.
 - :mod:`trine.modes.train`: trainer only, from the taskset.
+- :mod:`trine.modes.replay`: trainer only, on the steps a finished run trained (``trine train --replay``).
 
 Each ``steps(stage)`` yields one metrics dict per training step; the roles they loop over
 (``produce`` / ``consume``) are in :mod:`trine.roles`.
@@ -20,7 +21,7 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
     """The step generator of ``stage``'s mode (``sync_offset`` picks the pipelined wiring)."""
     from trine.modes import asynchronous, offset, sync, train
 
-    if stage.cfg.mode == "train":
+    if stage.source is not None:  # mode train, or a replay
         return train.steps(stage)
     if stage.cfg.mode == "async":
         return asynchronous.steps(stage) if stage.explorer else asynchronous.trainer_steps(stage)

@@ -3,10 +3,16 @@ from its own copy of the weights, picking up the newest version the trainer push
 ``sync_interval`` steps) between batches; the trainer side takes ``trainer.batch_size`` experiences
 from the buffer as soon as they are there. They meet only at the buffer and at weight sync.
 
+The explorer streams (:meth:`trine.roles.ExplorerSide.stream`): it keeps ``tasks.batch_size ×
+explorer.oversample`` tasks in flight and puts a batch as soon as ``tasks.batch_size`` of them have
+finished, so a slow task holds no batch (it lands in a later one, tagged with the version it started
+with: ``explorer/version_spread``).
+
 Staleness: the buffer never hands out an experience more than ``buffer.max_staleness`` versions
 behind the trainer (it drops it, ``buffer/dropped_stale``), and the explorer paces itself so that it
-rarely has to: it starts a batch only when the trainer will train it within ``max_staleness``
-(counting the experiences already waiting), and waits otherwise (``explorer/paced_seconds``).
+rarely has to: it starts tasks only when the trainer will train them within ``max_staleness``
+(counting the experiences already waiting and the tasks in flight), and holds back otherwise
+(``explorer/paced_seconds``).
 """
 
 from __future__ import annotations
@@ -34,13 +40,14 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
     queue = partial(queued_steps, trainer.buffer, trainer.batch_size)
 
     def explore() -> None:
+        def admit(version: int, waiting: int) -> bool:  # waiting: tasks started, not yet put
+            if limit is None:
+                return True
+            ahead = trainer.version + trainer.stepping + queue() + math.ceil(waiting / explorer.batch_size)
+            return ahead - version <= limit
+
         try:
-            while not stop.is_set():
-                version, waited = pace(
-                    explorer, lambda: trainer.version + trainer.stepping, queue, limit, stop
-                )
-                if not explorer.produce(version, stop=stop, extra={"explorer/paced_seconds": waited}):
-                    break
+            explorer.stream(lambda: _newest(explorer), admit, stop, stage.cfg.explorer.oversample)
         except BaseException as err:  # surfaced in the trainer's thread
             if not stop.is_set():
                 errors.append(err)

@@ -1,4 +1,5 @@
-"""Mode ``train``: trainer only, on supervised rows or preference pairs (DPO) made from the taskset."""
+"""Mode ``train``: trainer only, on supervised rows or preference pairs (DPO) made from the taskset, or
+on the steps a run trained (``trine train --replay``, :mod:`trine.modes.replay`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from trine.roles import Stage
 
 
 def steps(stage: Stage) -> Iterator[dict[str, float]]:
-    """One training step per batch of the supervised source, until it runs out."""
+    """One training step per batch of the stage's source, until it runs out."""
     assert stage.source is not None
     while stage.step < stage.total_steps:
-        batch = stage.source.next_batch()
+        batch = stage.source.next_batch(stage.step, stage.trainer.version)
         if batch is None:
             return
-        yield stage.trainer.train(batch)
+        experiences, metrics = batch
+        yield {**stage.trainer.train(experiences), **metrics}

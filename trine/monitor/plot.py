@@ -159,7 +159,8 @@ def plot_run(run_dir: str | Path, smoothing: float = 0.8, dpi: int = 120) -> lis
     step (except reward and accuracy). In a run of several stages, losses, KL, entropy and gradient
     norms get one axes per stage (their scales differ by orders of magnitude). Std bands are clipped
     to the metric's range (see :func:`reward_range`). ``smoothing`` is the EMA weight in [0, 1)
-    (0 = no smoothing line).
+    (0 = no smoothing line). A run with explorer processes (``explorers/``) also gets ``processes.png``:
+    each process's version and reward on one wall-clock axis (:mod:`trine.monitor.process_plot`).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -195,6 +196,11 @@ def plot_run(run_dir: str | Path, smoothing: float = 0.8, dpi: int = 120) -> lis
         written.append(_overview(every, smoothing, dpi, out_dir, run_dir.name))
     else:
         log.warning("no plottable metrics in %s; keys present: %s", path, sorted(series) or "none")
+    if (run_dir / "explorers").is_dir():
+        from trine.monitor.process_plot import plot_processes
+
+        processes = plot_processes(run_dir, dpi)
+        written += [processes] if processes is not None else []
     log.info("wrote %s", ", ".join(str(p) for p in written) or "no plots")
     return written
 

@@ -201,11 +201,14 @@ class JsonlSink:
 
     ``path`` is the file (``run_dir/metrics.jsonl``) or a directory to write ``metrics.jsonl`` in.
     Non-finite numbers are written as ``null``. A partial last line left by a crash is cut off when
-    the file is reopened, so appending after a resume keeps the file valid.
+    the file is reopened, so appending after a resume keeps the file valid. ``timestamp=True`` adds
+    ``"time/unix"`` (wall-clock unix seconds) to every line, so the metrics of several processes can
+    be drawn on one time axis (``trine plot``); being a ``time/*`` key, comparisons of runs skip it.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, timestamp: bool = False):
         path = Path(path)
+        self.timestamp = timestamp
         self.path = path / "metrics.jsonl" if path.is_dir() else path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _cut_partial_line(self.path)
@@ -217,6 +220,8 @@ class JsonlSink:
             raise RuntimeError(f"JsonlSink({str(self.path)!r}) is closed; create a new sink to log again.")
         record = {"step": int(step)}
         record.update({key: _jsonable(value) for key, value in metrics.items() if key != "step"})
+        if self.timestamp:
+            record["time/unix"] = round(time.time(), 3)
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -375,7 +380,8 @@ def build_monitor(
     arguments (``run_dir/metrics.jsonl``, ``run_dir/tensorboard``, ``total_steps``, ``run_name``,
     ``config``); ``options[name]`` adds or overrides keyword arguments for that sink.
     ``resume_step`` is the step the run continues from (its checkpoint's, 0 for a fresh start; None
-    when not a Trine run): TensorBoard purges later events, W&B and MLflow continue their run.
+    when not a Trine run): TensorBoard purges later events, W&B and MLflow continue their run, and
+    the jsonl lines carry ``time/unix`` (see :class:`JsonlSink`).
     """
     from trine.registry import resolve
 
@@ -390,6 +396,7 @@ def build_monitor(
     }
     if resume_step is not None:
         defaults["tensorboard"]["purge_step"] = resume_step + 1 if resume_step else 0
+        defaults["jsonl"]["timestamp"] = True
         for tracker in ("wandb", "mlflow"):
             defaults[tracker].update(run_dir=run_dir, resume_step=resume_step)
     sinks = []

@@ -1,0 +1,121 @@
+"""The streaming explorer of mode async (:meth:`trine.roles.ExplorerSide.stream`): tasks in flight all
+the time, a batch put as soon as enough of them have finished.
+
+It keeps ``ceil(tasks.batch_size × explorer.oversample)`` tasks running on the explorer's event loop and
+puts a batch when ``tasks.batch_size`` of them have finished, in the order they finish: a slow task holds
+no batch, it lands in a later one, tagged with the weights version it started with
+(``explorer/version_min``, ``explorer/version_spread``). Before starting more tasks it loads the newest
+weights (between two generations of the engine) and asks ``admit`` whether the trainer will take them
+within the staleness bound (``explorer/paced_seconds``: how long it held back). Tasks drawn but not yet
+put are kept in the side's state, so a checkpoint loses none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from trine.refill import pass_rates
+from trine.types import Task
+
+if TYPE_CHECKING:
+    from trine.roles import ExplorerSide
+
+
+def stream(
+    side: ExplorerSide,
+    newest: Callable[[], int],
+    admit: Callable[[int, int], bool],
+    stop: threading.Event,
+    oversample: float = 1.0,
+    on_put: Callable[[], None] | None = None,
+) -> str:
+    """Explore continuously (mode async): keep ``ceil(batch_size × oversample)`` tasks in flight and
+    put a batch as soon as ``batch_size`` of them have finished, in the order they finish — slow
+    tasks carry over to a later batch instead of holding this one, each tagged with the weights
+    version it started with. Before it starts more tasks it loads the ``newest()`` weights, and it
+    starts them only while ``admit(version, tasks_not_yet_put)`` says the trainer will take them in
+    time (``explorer/paced_seconds``: how long it held back); ``on_put()`` runs after each put.
+    Returns why it stopped."""
+    return side.explorer.loop.run_until_complete(_stream(side, newest, admit, stop, oversample, on_put))
+
+
+async def _stream(
+    side: ExplorerSide,
+    newest: Callable[[], int],
+    admit: Callable[[int, int], bool],
+    stop: threading.Event,
+    oversample: float,
+    on_put: Callable[[], None] | None,
+) -> str:
+    loop = asyncio.get_running_loop()
+    target = max(side.batch_size, math.ceil(side.batch_size * oversample))
+    drawn: deque[Task] = deque(side.unfinished)  # tasks a checkpoint saw drawn but not put
+    with side.gate:
+        side._started = {id(t): t for t in side.unfinished}
+        side.unfinished = []
+    running: dict[asyncio.Future, int] = {}
+    finished: list[tuple[Any, int]] = []
+    exhausted, paced, since = False, 0.0, time.perf_counter()
+    while not stop.is_set():
+        waiting = len(running) + len(finished)
+        version = newest()
+        if not exhausted and waiting < target:
+            if admit(version, waiting):
+                if version != side.engine.policy_version:  # between generations (HFEngine.call)
+                    await loop.run_in_executor(None, side.sync.pull, side.engine, version)
+                while len(running) < target - len(finished):
+                    if not drawn:
+                        with side.gate:  # a checkpoint sees the cursor and the open tasks together
+                            drawn.extend(side.scheduler.next_batch(side.batch_size))
+                            side._started.update((id(t), t) for t in drawn)
+                        if not drawn:
+                            exhausted = True
+                            break
+                    task = drawn.popleft()
+                    running[asyncio.ensure_future(side.explorer.run_one(task))] = version
+            else:
+                paced += 0.02
+        if exhausted and not running and not finished:
+            return "its tasks ran out"
+        if running:
+            done, _ = await asyncio.wait(running, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+            finished += [(f.result(), running.pop(f)) for f in done]
+        else:
+            await asyncio.sleep(0.02)
+        while len(finished) >= side.batch_size or (finished and exhausted and not running):
+            batch, finished = finished[: side.batch_size], finished[side.batch_size :]
+            seconds, since = time.perf_counter() - since, time.perf_counter()
+            with side.gate:
+                _put_batch(side, batch, seconds, paced)
+            paced = 0.0
+            if on_put is not None:
+                on_put()
+    for future in running:  # the run ended: tasks still in flight are dropped (a checkpoint kept them)
+        future.cancel()
+    if running:
+        await asyncio.wait(running, timeout=5.0)
+    return "stopped"
+
+
+def _put_batch(side: ExplorerSide, batch: list[tuple[Any, int]], seconds: float, paced: float) -> None:
+    for (task, _, _), _ in batch:
+        side._started.pop(id(task), None)
+    index = side.batches
+    versions = [v for _, v in batch]
+    experiences, metrics = side.explorer.assemble([d for d, _ in batch], index, versions, seconds)
+    side.scheduler.feedback(*pass_rates(experiences, side.success_threshold))
+    experiences = side._shape(experiences, metrics, index, min(versions), refill=False)
+    if side.operators is not None:
+        experiences, op_metrics = side.operators(experiences, step=index)
+        metrics.update(op_metrics)
+    if side.expert is not None:
+        experiences = experiences + side.expert.rows(len(experiences), min(versions))
+    metrics.update({"explorer/paced_seconds": paced, "explorer/version_min": float(min(versions))})
+    metrics["explorer/version_spread"] = float(max(versions) - min(versions))
+    side._put(experiences, metrics)
