@@ -31,7 +31,17 @@ PACKAGE = Path(trine.__file__).resolve().parent
 # Top-level names of the package (module trine/x.py or package trine/x/), by group. `monitor` counts
 # as a stage (docs/architecture.md: it imports no other part); `trine` is the lazy public facade.
 STAGES = {"workflows", "buffer", "trainer", "sync", "tasks", "explorer", "rewards", "monitor"}
-BASE = {"types", "config", "config_checks", "config_format", "config_overrides", "registry", "models", "blocking", "status"}
+BASE = {
+    "types",
+    "config",
+    "config_checks",
+    "config_format",
+    "config_overrides",
+    "registry",
+    "models",
+    "blocking",
+    "status",
+}
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
 ENTRY_POINTS = {"trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "serve", "studio", "distributed"}
 WIRING = ENTRY_POINTS | {"roles", "streaming", "build", "rundir", "refill", "preflight", "status_report"}
