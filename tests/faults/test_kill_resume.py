@@ -101,6 +101,15 @@ def buffer_rows(run_dir: Path, storage: str, table: str) -> list[tuple[tuple, st
     return [((e.info["batch"], e.task_id, tuple(e.tokens)), s) for e, s in found]
 
 
+def _default_signals() -> None:
+    """In the child before exec: SIGINT and SIGTERM unblocked and at their defaults, as in a terminal.
+    A child inherits ignored signals and the signal mask of the thread that starts it, and after some
+    tests the test process's no longer are the defaults (a SIGINT was then never delivered)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def trine(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "trine.cli", *args],
@@ -109,6 +118,7 @@ def trine(*args: str, **kwargs) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own process group: the kill reaches any child it started
+        preexec_fn=_default_signals,
         **kwargs,
     )
 

@@ -199,7 +199,7 @@ def _explore_loop(cfg: RunConfig, side: Any, monitor: Any, heartbeat: Any, stop:
         if stop.is_set():
             break
         if not side.produce(version, stop=stop, extra={"explorer/paced_seconds": waited}):
-            return "stopped" if stop.is_set() else "its tasks ran out"
+            return "the trainer's run ended" if stop.is_set() else "its tasks ran out"
         monitor.log({**side.report(), "explorer/version": float(version)}, side.batches)
         heartbeat.beat(side.batches)
     return "the trainer's run ended"
