@@ -18,6 +18,9 @@ loading and process start-up excluded, the same for every row). Explorer idle = 
 staleness = mean ``buffer/staleness_mean``. Modes alternate over ``--rounds`` rounds; medians reported.
 The environment latencies are identical across modes (seeded per task and visit).
 
+The learning row (async with staleness 1–2 within 5 points of sync on arithmetic) is its own script,
+``benchmarks/staleness_learning.py``: it trains for accuracy, not for wall time.
+
 Usage: python benchmarks/modes.py [--steps 30] [--latency 0.2] [--sigma 1.0] [--rounds 2] [--no-write]
 """
 

@@ -234,7 +234,7 @@ def _explorer_side(
 
     cfg = stage.cfg
     snapshot = cfg.sync_method == "copy"
-    engine = _engine(cfg, _frozen_copy(model) if snapshot else model, tokenizer)
+    engine = _engine(cfg, _frozen_copy(model) if snapshot else model, tokenizer, cfg.explorer.partial_rollout)
     sync = SYNC_METHODS[cfg.sync_method]()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
     explorer = _explorer(cfg, engine, rollouts)
@@ -311,10 +311,11 @@ def _worker_of(engine: Any, model: Any) -> Callable[..., Any] | None:
     return None
 
 
-def _engine(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
+def _engine(cfg: RunConfig, model: Any, tokenizer: Any, partial_rollout: bool = False) -> Any:
     """The configured rollout engine (``model.engine``) over ``model``."""
     engine_class = registry.resolve("engine", cfg.model.engine)
-    return engine_class(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed)
+    extra = {"partial_rollout": True} if partial_rollout else {}  # explorer.partial_rollout (mode async)
+    return engine_class(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed, **extra)
 
 
 def build_buffer(cfg: RunConfig, run_dir: Path) -> Any:

@@ -296,6 +296,15 @@ class ExplorerConfig(Section):
     oversample: Annotated[float, Field(ge=1)] = 1.0
     """Mode async: tasks kept in flight per batch (× ``tasks.batch_size``); a batch is the first
     ``tasks.batch_size`` of them to finish, the slower ones carry over to later batches."""
+    tail_seconds: Positive | None = None
+    """Mode async (tail batch): a task that has run longer than this stops counting as in flight, so
+    another starts in its place and batches go on without it; it joins a later batch when it ends
+    (``explorer/tail_deferred``). None: a task holds its place until it ends."""
+    partial_rollout: bool = False
+    """Mode async: load new weights as soon as the trainer pushes them, between two tokens of running
+    generations, which go on under the new weights; every token keeps the version and behaviour
+    logprob it was sampled with (``info["token_versions"]``; the loss uses those logprobs). Off: new
+    weights are loaded between generations."""
     instances: Count = 1
     """Explorer processes ``trine run`` starts with ``launch: processes`` (``trine explore
     --explorer-id i --explorers n`` each; they split the tasks without overlap)."""

@@ -4,6 +4,7 @@ its validators, so every problem is reported with the rest."""
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from trine import registry
@@ -50,11 +51,7 @@ def mode_problems(cfg: RunConfig) -> list[str]:
             "per step (batch_size: null); change tasks.batch_size to change it, split it with "
             "trainer.mini_batches, or set mode: async"
         )
-    if cfg.explorer.oversample != 1 and cfg.mode != "async":
-        problems.append(
-            f"explorer.oversample={cfg.explorer.oversample} is read by mode async only (mode {cfg.mode!r} "
-            "explores whole batches); remove it or set mode: async"
-        )
+    problems += _produce_problems(cfg)
     if cfg.mode == "async" and cfg.sync.sync_offset:
         problems.append(
             f"sync.sync_offset={cfg.sync.sync_offset} is for mode sync; in mode async the explorer runs "
@@ -66,6 +63,40 @@ def mode_problems(cfg: RunConfig) -> list[str]:
             "sync.method 'shared' with mode async: an explorer that runs ahead of the trainer cannot "
             "sample the weights the trainer is changing; set sync.method: copy (or leave it unset)"
         )
+    return problems
+
+
+def _produce_problems(cfg: RunConfig) -> list[str]:
+    """The streaming explorer's produce strategies: mode async only; partial rollout trains on the
+    behaviour logprobs, so they must not be recomputed, and needs an engine that can do it."""
+    e = cfg.explorer
+    chosen = {
+        "explorer.oversample": e.oversample if e.oversample != 1 else None,
+        "explorer.tail_seconds": e.tail_seconds,
+        "explorer.partial_rollout": e.partial_rollout or None,
+    }
+    chosen = {k: v for k, v in chosen.items() if v is not None}
+    problems = [
+        f"{key}={value} is read by mode async only (mode {cfg.mode!r} explores whole batches); remove it "
+        "or set mode: async"
+        for key, value in chosen.items()
+        if cfg.mode != "async"
+    ]
+    if e.partial_rollout and cfg.trainer.recompute_logprobs:
+        problems.append(
+            "explorer.partial_rollout keeps the logprob each token was sampled with and the loss uses it; "
+            "trainer.recompute_logprobs=true would replace them: set one of them to false"
+        )
+    if e.partial_rollout:
+        try:
+            engine = registry.resolve("engine", cfg.model.engine)
+        except (ValueError, ImportError, AttributeError):
+            engine = None  # reported by the model checks
+        if engine is not None and "partial_rollout" not in inspect.signature(engine).parameters:
+            problems.append(
+                f"explorer.partial_rollout: engine {cfg.model.engine!r} takes no partial_rollout argument "
+                "(it cannot load weights between two tokens); use model.engine: hf or turn it off"
+            )
     return problems
 
 
@@ -114,5 +145,12 @@ def _process_problems(cfg: RunConfig) -> list[str]:
     if cfg.tasks.curriculum is not None:
         problems.append(
             "tasks.curriculum feeds pass rates back to one scheduler; it is not supported with launch: processes"
+        )
+    e = cfg.explorer
+    if e.oversample != 1 or e.tail_seconds is not None or e.partial_rollout:
+        problems.append(
+            "explorer.oversample / tail_seconds / partial_rollout are produce strategies of the streaming "
+            "explorer of mode async in one process (launch: thread); explorer processes explore whole "
+            "batches of their share of the tasks: remove them or set launch: thread"
         )
     return problems

@@ -185,6 +185,8 @@ class Explorer:
                 e.run_id = e.run_id or new_id("run-")
                 e.policy_version = version
                 e.info.setdefault("batch", index)
+                if "token_versions" in e.info:  # a partial rollout: its tokens span versions
+                    e.info["version_spread"] = max(e.info["token_versions"]) - version
             experiences.extend(exps)
         if self.rollouts_path is not None:
             self._dump(tasks, mine, index, min(versions, default=0))

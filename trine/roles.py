@@ -132,19 +132,6 @@ class ExplorerSide:
             self._put(experiences, {**metrics, **extra})
         return len(results)
 
-    def stream(
-        self,
-        newest: Callable[[], int],
-        admit: Callable[[int, int], bool],
-        stop: threading.Event,
-        oversample: float = 1.0,
-        on_put: Callable[[], None] | None = None,
-    ) -> str:
-        """Explore continuously (mode async); see :func:`trine.streaming.stream`."""
-        from trine.streaming import stream
-
-        return stream(self, newest, admit, stop, oversample, on_put)
-
     def _put(self, experiences: list[Experience], report: dict[str, float]) -> None:
         """One explored batch into the buffer (the report first: a trainer that sees the batch finds it)."""
         self.reports.append(report)

@@ -64,12 +64,12 @@ def test_async_ends_when_the_tasks_run_out(tmp_path, tiny_model_dir):
 
 
 def test_an_explorer_failure_stops_the_run_with_its_error(tmp_path, tiny_model_dir, monkeypatch):
-    from trine.roles import ExplorerSide
+    from trine.modes import asynchronous
 
-    def broken(self, *args, **kwargs):
+    def broken(*args, **kwargs):
         raise RuntimeError("explorer broke")
 
-    monkeypatch.setattr(ExplorerSide, "stream", broken)
+    monkeypatch.setattr(asynchronous, "stream", broken)
     with pytest.raises(RuntimeError, match="explorer broke"):
         run(load_config(_config(tmp_path, tiny_model_dir)))
 
@@ -88,6 +88,15 @@ def test_async_settings_are_checked_at_validate_time(tmp_path, tiny_model_dir):
     )
     assert "sync.sync_offset=1 is for mode sync" in errors(mode="async", sync={"sync_offset": 1})
     assert "sync.method 'shared' with mode async" in errors(mode="async", sync={"method": "shared"})
+    both = errors(explorer={"tail_seconds": 5, "partial_rollout": True})
+    assert "explorer.tail_seconds=5.0 is read by mode async only" in both
+    assert "explorer.partial_rollout=True is read by mode async only" in both
+    recompute = errors(mode="async", explorer={"partial_rollout": True}, trainer={"recompute_logprobs": True})
+    assert "trainer.recompute_logprobs=true would replace them" in recompute
+    processes = errors(
+        mode="async", launch="processes", buffer={"storage": "sql"}, explorer={"oversample": 2}
+    )
+    assert "explorer processes explore whole batches" in processes
     (cfg,), problems = validate_dict(
         {
             "mode": "async",
@@ -114,3 +123,59 @@ def test_a_stopped_async_run_resumes_with_the_tasks_it_had_in_flight(tmp_path, t
     run(load_config(cfg))
     rows = [r for r in read_metrics(tmp_path / "async") if "trainer/loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+
+
+class SlowForOneTask:
+    """Single-turn, but the first task it runs takes 3 s more (a long tail)."""
+
+    started = 0
+
+    def __init__(self, reward=None, **kwargs):
+        from trine.workflows import SingleTurnWorkflow
+
+        self.inner = SingleTurnWorkflow(reward, **kwargs)
+
+    async def run(self, task, model):
+        import asyncio
+
+        SlowForOneTask.started += 1
+        if SlowForOneTask.started == 1:
+            await asyncio.sleep(3.0)
+        return await self.inner.run(task, model)
+
+
+def test_tail_batch_defers_a_slow_task_instead_of_holding_batches(tmp_path, tiny_model_dir):
+    SlowForOneTask.started = 0
+    train = {"workflow": "tests.unit.test_async_mode:SlowForOneTask"}
+    over = {"tasks": {"total_steps": 4, "train": train}, "buffer": {"max_staleness": None}}
+    cfg = _config(tmp_path, tiny_model_dir, name="tail", explorer={"tail_seconds": 0.3}, **over)
+    run(load_config(cfg))
+    rows = [r for r in read_metrics(tmp_path / "tail") if "trainer/loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r.get("explorer/tail_deferred", 0) for r in rows) > 0  # (a mean over the batches reported)
+    # the slow task's batch was put after batches of tasks started later: the first put held no wait of 3 s
+    first_put = next(r for r in rows if "explorer/batches" in r)
+    assert first_put["time/explore_seconds"] < 2.5
+
+
+def test_partial_rollout_samples_span_versions_and_keep_their_logprobs(tmp_path, tiny_model_dir):
+    from trine.buffer.inspect import read_rows
+
+    over = {
+        "tasks": {"total_steps": 6, "train": {"sampling": {"max_tokens": 48, "ignore_eos": True}}},
+        "buffer": {"storage": "sql", "max_staleness": 2},
+    }
+    cfg = _config(tmp_path, tiny_model_dir, name="partial", explorer={"partial_rollout": True}, **over)
+    run(load_config(cfg))
+    rows = [r for r in read_metrics(tmp_path / "partial") if "trainer/loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    reported = [r for r in rows if "explorer/partial_samples" in r]
+    assert sum(r["explorer/partial_samples"] for r in reported) > 0
+    assert max(r["explorer/version_spread"] for r in reported) >= 1
+    spanning = [e for e, _ in read_rows(tmp_path / "partial") if "token_versions" in e.info]
+    assert spanning
+    for e in spanning:
+        versions = e.info["token_versions"]
+        assert len(versions) == e.response_length == len(e.logprobs)
+        assert versions == sorted(versions) and versions[0] == e.policy_version
+        assert e.info["version_spread"] == versions[-1] - versions[0] >= 1

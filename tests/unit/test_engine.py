@@ -261,3 +261,53 @@ def test_call_runs_torch_work_on_the_one_engine_thread(engine, tokenizer):
     finally:
         del engine._sample
     assert seen == [worker]
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_partial_rollout_goes_on_under_new_weights_loaded_between_two_tokens(partial, model, tokenizer):
+    import copy
+    import threading
+    import time
+
+    from trine.models.batching import response_logprobs
+
+    newer = copy.deepcopy(model)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(1)
+        for p in newer.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    engine = HFEngine(copy.deepcopy(model), tokenizer, seed=0, partial_rollout=partial)
+    params = SamplingParams(temperature=1.0, max_tokens=96, n=2, ignore_eos=True)
+    out: dict = {}
+    sampler = threading.Thread(
+        target=lambda: out.update(c=engine.generate_batch([(p, params) for p in prompts(tokenizer)[:2]]))
+    )
+    sampler.start()
+    while not (engine._decoding if partial else sampler.is_alive()):
+        time.sleep(0.001)
+    time.sleep(0.02)
+    engine.load_weights(newer.state_dict(), version=1)  # returns between two tokens (partial), or after
+    loaded_while_sampling = sampler.is_alive()
+    sampler.join()
+    engine.close()
+    completions = [c for cs in out["c"] for c in cs]
+    assert engine.policy_version == 1 and loaded_while_sampling == partial
+    if not partial:
+        assert all(c.token_versions is None for c in completions)  # all sampled before the load
+        return
+    pad = tokenizer.pad_token_id
+    for c in completions:
+        versions = c.token_versions
+        assert versions is not None and len(versions) == len(c.response_ids) == 96
+        assert versions[0] == 0 and versions[-1] == 1 and versions == sorted(versions)
+        pair = [(c.prompt_ids, c.response_ids)]
+        by_version = {
+            v: torch.tensor(response_logprobs(m.eval(), pair, pad_id=pad)[0])
+            for v, m in ((0, model), (1, newer))
+        }
+        got = torch.tensor(c.logprobs)
+        for v in (0, 1):
+            sel = torch.tensor(versions) == v
+            assert torch.allclose(got[sel], by_version[v][sel], atol=1e-4)  # sampled with those weights
+        later = torch.tensor(versions) == 1
+        assert (by_version[0][later] - by_version[1][later]).abs().max() > 1e-2  # and they do differ

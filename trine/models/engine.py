@@ -10,6 +10,13 @@ stop tokens / stop strings. Finished rows are dropped from the batch (and the ca
 Returned logprobs are ``log_softmax(logits / temperature)`` of the sampled token *before* top-p/top-k
 truncation — exactly what the trainer recomputes — and greedy rows (temperature 0) report
 ``log_softmax(logits)``.
+
+**Partial rollout** (``partial_rollout=True``, ``explorer.partial_rollout`` in the config): work handed to
+the worker thread while a generation runs (:meth:`HFEngine.call`: new weights, a colocated trainer step)
+runs *between two tokens* instead of after the generation. When it brought new weights, the rows still
+decoding go on under them: their KV cache is recomputed with the new weights over prompt + tokens so far,
+and each token keeps the version and the behaviour logprob it was sampled with
+(``Completion.token_versions``).
 """
 
 from __future__ import annotations
@@ -40,8 +47,17 @@ class _Request:
 class HFEngine:
     """Rollout engine over a ``transformers`` causal LM (shared with the trainer when colocated)."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 256, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 256,
+        seed: int = 0,
+        partial_rollout: bool = False,
+    ) -> None:
         self.model = model
+        self.partial_rollout = partial_rollout
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.policy_version = 0
@@ -54,6 +70,9 @@ class HFEngine:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="trine-engine", initializer=self._mark_worker
         )
+        self._decoding = False  # a sampling loop runs (partial rollout: jobs wait in _between)
+        self._between: list[tuple[concurrent.futures.Future, Callable[[], Any]]] = []
+        self._between_lock = threading.Lock()
 
     def _mark_worker(self) -> None:
         self._worker_thread = threading.get_ident()
@@ -67,10 +86,37 @@ class HFEngine:
         thread team; once two teams exist on a small machine, libgomp stops spin-waiting between
         ops, its workers sleep and wake for every op, and a GRPO step on 2 cores took 1.6x longer
         (measured in benchmarks/RESULTS.md). Called from the worker itself, ``fn`` runs inline.
+
+        With ``partial_rollout``, ``fn`` does not wait for a running generation to end: it runs between
+        two of its tokens (see the module docstring).
         """
         if threading.get_ident() == self._worker_thread:
             return fn(*args, **kwargs)
+        if self.partial_rollout:
+            with self._between_lock:
+                job: concurrent.futures.Future | None = None
+                if self._decoding:
+                    job = concurrent.futures.Future()
+                    self._between.append((job, lambda: fn(*args, **kwargs)))
+            if job is not None:
+                return job.result()
         return self._executor.submit(fn, *args, **kwargs).result()
+
+    def _run_between(self, final: bool = False) -> bool:
+        """Run the jobs that arrived during the generation (worker thread, outside inference mode);
+        ``final``: the generation ends, no more jobs may queue. Returns whether any ran."""
+        with self._between_lock:
+            jobs, self._between = self._between, []
+            if final:
+                self._decoding = False
+        for job, fn in jobs:
+            if job.set_running_or_notify_cancel():
+                try:
+                    with torch.inference_mode(False), torch.enable_grad():
+                        job.set_result(fn())
+                except BaseException as err:  # handed to the caller
+                    job.set_exception(err)
+        return bool(jobs)
 
     # ----------------------------------------------------------------- async API (workflows)
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
@@ -122,11 +168,16 @@ class HFEngine:
         reqs = [r if isinstance(r, _Request) else _Request(list(r[0]), r[1]) for r in requests]
         was_training = self.model.training
         self.model.eval()
+        if self.partial_rollout:
+            with self._between_lock:
+                self._decoding = True
         try:
             with torch.inference_mode():
                 flat = self._sample(reqs)
         finally:
             self.model.train(was_training)
+            if self.partial_rollout:
+                self._run_between(final=True)
         out, i = [], 0
         for r in reqs:
             out.append(flat[i : i + r.params.n])
@@ -196,6 +247,7 @@ class HFEngine:
             tok, lp = self._pick(logits, batch)
             state.tokens[batch.active, t] = tok  # rows that already ended write past their length: ignored
             state.logprobs[batch.active, t] = lp
+            state.versions.append(self.policy_version)  # of the weights that computed these logits
             ended, stopped = batch.ended(tok, t, state, self.tokenizer)
             if bool(ended.any()):
                 rows_ended = batch.active[ended]
@@ -210,6 +262,10 @@ class HFEngine:
                     cache.batch_select_indices(keep)
                     tok = tok[keep]
             batch.mask[:, width + t] = 1
+            version = self.policy_version
+            if self._between and self._run_between() and self.policy_version != version:
+                cache, width, logits = self._reprefill(batch, state, t, rows)  # partial rollout
+                continue
             out = self.model(
                 input_ids=tok[:, None],
                 attention_mask=batch.mask[:, : width + t + 1],
@@ -220,6 +276,32 @@ class HFEngine:
             batch.next_pos += 1
             logits = out.logits[:, -1].float()
         return state.completions(rows, self.tokenizer)
+
+    def _reprefill(
+        self, batch: _Batch, state: _DecodeState, t: int, rows: _RowParams
+    ) -> tuple[Any, int, Tensor]:
+        """New weights arrived after token ``t``: recompute the KV cache of the rows still decoding over
+        prompt + tokens ``0..t`` under them. Returns the cache, the ``width`` that keeps the loop's column
+        arithmetic (``width + t + 1`` = the next token's column) and the logits of the next token."""
+        if batch.dead:
+            batch.compact()
+        active = batch.active.tolist()
+        seqs = [rows.prompts[r] + state.tokens[r, : t + 1].tolist() for r in active]
+        ids, mask = _left_pad(seqs, self.pad_id, self.model.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        left = rows.max_new - t - 1
+        cache = preallocated_cache(self.model, ids.shape[1] + left)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        batch.mask = torch.cat([mask, mask.new_zeros(len(active), left)], dim=-1)
+        batch.next_pos = pos[:, -1] + 1
+        return cache, ids.shape[1] - t - 1, out.logits[:, -1].float()
 
     def _pick(self, logits: Tensor, batch: _Batch) -> tuple[Tensor, Tensor]:
         """Next token per row (greedy rows: argmax) and its logprob under ``logits / temperature``."""
@@ -337,6 +419,7 @@ class _DecodeState:
         self.logprobs = torch.zeros((size, max_new), dtype=torch.float32, device=device)
         self.length = torch.full((size,), max_new, dtype=torch.long, device=device)
         self.stopped = torch.zeros((size,), dtype=torch.bool, device=device)
+        self.versions: list[int] = []  # weights version of each decode step (the same for every row)
 
     def completions(self, rows: _RowParams, tokenizer: Any) -> list[Completion]:
         tokens, logprobs = self.tokens.cpu().tolist(), self.logprobs.cpu().tolist()
@@ -344,6 +427,7 @@ class _DecodeState:
         out = []
         for i in range(rows.size):
             response = tokens[i][: lengths[i]]
+            versions = self.versions[: lengths[i]]
             out.append(
                 Completion(
                     prompt_ids=rows.prompts[i],
@@ -351,6 +435,7 @@ class _DecodeState:
                     logprobs=logprobs[i][: lengths[i]],
                     text=tokenizer.decode(response, skip_special_tokens=True),
                     finish_reason="stop" if stopped[i] else "length",
+                    token_versions=versions if versions and versions[0] != versions[-1] else None,
                 )
             )
         return out

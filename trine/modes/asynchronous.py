@@ -3,7 +3,7 @@ from its own copy of the weights, picking up the newest version the trainer push
 ``sync_interval`` steps) between batches; the trainer side takes ``trainer.batch_size`` experiences
 from the buffer as soon as they are there. They meet only at the buffer and at weight sync.
 
-The explorer streams (:meth:`trine.roles.ExplorerSide.stream`): it keeps ``tasks.batch_size ×
+The explorer streams (:func:`trine.streaming.stream`): it keeps ``tasks.batch_size ×
 explorer.oversample`` tasks in flight and puts a batch as soon as ``tasks.batch_size`` of them have
 finished, so a slow task holds no batch (it lands in a later one, tagged with the version it started
 with: ``explorer/version_spread``).
@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterator
 from functools import partial
 
 from trine.buffer import Buffer, BufferTimeout
+from trine.config import RunConfig
 from trine.roles import ExplorerSide, Stage, TrainerSide
+from trine.streaming import Produce, stream
 
 POLL_SECONDS = 0.5
 """How long the trainer waits for a batch before it checks whether the explorer ended or failed."""
@@ -47,7 +49,7 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
             return ahead - version <= limit
 
         try:
-            explorer.stream(lambda: _newest(explorer), admit, stop, stage.cfg.explorer.oversample)
+            stream(explorer, lambda: _newest(explorer), admit, stop, _produce(stage.cfg))
         except BaseException as err:  # surfaced in the trainer's thread
             if not stop.is_set():
                 errors.append(err)
@@ -71,6 +73,11 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
         stop.set()
         explorer.sync.close()
         thread.join()
+
+
+def _produce(cfg: RunConfig) -> Produce:
+    e = cfg.explorer
+    return Produce(oversample=e.oversample, tail_seconds=e.tail_seconds, partial_rollout=e.partial_rollout)
 
 
 def _newest(explorer: ExplorerSide) -> int:

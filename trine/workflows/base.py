@@ -39,8 +39,9 @@ class Workflow(Protocol):
 def completion_experience(
     completion: Completion, reward: float | None, parts: dict[str, float], temperature: float
 ) -> Experience:
-    """A single-turn Experience from one completion (every response token is an action)."""
-    return Experience(
+    """A single-turn Experience from one completion (every response token is an action); a partial
+    rollout's per-token versions go to ``info["token_versions"]``."""
+    exp = Experience(
         tokens=completion.prompt_ids + completion.response_ids,
         prompt_length=len(completion.prompt_ids),
         action_mask=[1] * len(completion.response_ids),
@@ -53,3 +54,6 @@ def completion_experience(
             "temperature": temperature,
         },
     )
+    if completion.token_versions is not None:
+        exp.info["token_versions"] = list(completion.token_versions)
+    return exp

@@ -1,33 +1,49 @@
-"""The Environment protocol, and the adapter that runs a blocking environment behind it.
+"""The Environment protocol, and the one adapter that runs a blocking text environment behind it.
 
-A step-wise workflow drives one :class:`Environment` per episode, only through ``await``::
+Workflows drive environments only through the async :class:`Environment` protocol, one episode at
+a time, usually through an :class:`~trine.workflows.envs.pool.EnvPool` (which bounds each call by a
+timeout and can reuse environments across tasks)::
 
-    env = new_env()                       # a fresh object per episode (see environment_maker)
-    observation = await env.reset(task)
-    state = env.state_hash()              # GiGPO's anchor: the state the next action is taken from
+    observation = await env.reset(task)            # the adapter also takes rollout=<index>
+    state = env.state_hash()                       # GiGPO's anchor: the state the next action is taken from
     observation, reward, done, info = await env.step(completion.text)
 
-Two shapes of environment class are accepted (:func:`environment_maker` tells them apart):
+Three shapes of environment class are accepted (:func:`environment_maker` tells them apart):
 
 - **async** (``async def reset(self, task)``): implements :class:`Environment` itself. It is built
   as ``Class(**env_args)`` (keep the constructor cheap: it runs in the event loop) and reads what it
   needs from the task in ``reset`` (``task.raw`` is the whole row).
-- **blocking** (today's shape: ``reset()`` without a task, ``step(text)``, ``state_hash()``, all
-  plain methods; see :class:`SyncEnvironment`): wrapped in a :class:`BlockingEnvironment`. The task
-  reaches it through its constructor: ``env_args`` updated with every row key that names a
-  constructor parameter (a grid-world row's ``size``, ``seed``...). Its construction, ``reset``,
-  ``step`` and ``state_hash`` run in worker threads through :func:`trine.blocking.run_blocking`,
-  so the event loop keeps serving other tasks and the explorer's task timeout bounds them; a class
-  that is pure, fast Python says ``blocking = False`` to be called inline instead, which keeps
-  seeded sampling bit-reproducible (threads finishing at timing-dependent moments change which
-  requests the engine batches together, hence which random numbers each row draws).
+- **Gymnasium-style** (:class:`TextEnv`: ``reset(*, seed=None, options=None) -> (observation,
+  info)``, ``step(action) -> (observation, reward, terminated, truncated, info)``, the
+  ``gymnasium.Env`` API): wrapped in a :class:`BlockingEnvironment`. Its ``reset`` gets a seed
+  derived from the task (:func:`episode_seed`), so a run reproduces whether or not the environment
+  object is fresh, and the row keys named by ``option_keys`` as ``options``. Observations must be
+  text, or be turned into text by a ``text_of(observation, info) -> str`` callable; the model's
+  reply may be turned into the environment's action by ``action_of(text)``. ``state_hash()`` is
+  optional (the default hashes the observation text). The grid world, textarena games and any
+  ``gymnasium.make`` id take this path.
+- **classic blocking** (:class:`SyncEnvironment`: ``reset()`` without a task, ``step(text)`` ->
+  ``(observation, reward, done, info)``, ``state_hash()``): wrapped in a :class:`BlockingEnvironment`
+  too; the task reaches it only through its constructor.
+
+For both blocking shapes the constructor gets ``env_args`` updated with every row key that names
+one of its parameters (a row's ``size``, ``game``...); the built object is kept, and reused by the
+next ``reset`` when those arguments are unchanged (an environment returned to a pool), else closed
+and rebuilt. Construction, ``reset``, ``step``, ``state_hash`` and ``close`` run in worker threads
+through :func:`trine.blocking.run_blocking`, so the event loop keeps serving other tasks and a
+timeout (the pool's, or the explorer's task timeout) bounds them; a class that is pure, fast Python
+says ``blocking = False`` to be called inline instead, which keeps seeded sampling bit-reproducible
+(threads finishing at timing-dependent moments change which requests the engine batches together,
+hence which random numbers each row draws).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from trine.blocking import run_blocking
@@ -37,10 +53,19 @@ StepResult = tuple[str, float, bool, dict[str, Any]]
 """What ``step`` returns: ``(observation, reward, done, info)``; ``info`` is free-form and JSON-able
 (``info["success"]``, if present, marks a solved episode)."""
 
+TextOf = Callable[[Any, dict[str, Any]], str]
+"""Turns a non-text observation (and the info that came with it) into the text the model reads."""
+ActionOf = Callable[[str], Any]
+"""Turns the model's reply into the environment's action (e.g. ``"left"`` -> ``0``)."""
+
 
 @runtime_checkable
 class Environment(Protocol):
-    """One episode at a time of a text environment, as step-wise workflows drive it."""
+    """One episode at a time of a text environment, as workflows drive it.
+
+    An environment may also have ``close()`` (plain or async): called when it is discarded, or when
+    its pool or workflow is closed.
+    """
 
     async def reset(self, task: Task) -> str:
         """Start an episode of ``task``; returns the first observation (the next user message)."""
@@ -63,8 +88,21 @@ class Environment(Protocol):
         ...
 
 
+class TextEnv(Protocol):
+    """A Gymnasium-style text environment (``gymnasium.Env``'s API; :class:`BlockingEnvironment`
+    adapts it). ``state_hash()`` and ``close()`` are optional."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        """Start an episode (``seed`` makes it reproducible); returns ``(observation, info)``."""
+        ...
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """Apply ``action``; returns ``(observation, reward, terminated, truncated, info)``."""
+        ...
+
+
 class SyncEnvironment(Protocol):
-    """A blocking environment (the shape :class:`BlockingEnvironment` adapts)."""
+    """A classic blocking environment (the other shape :class:`BlockingEnvironment` adapts)."""
 
     def reset(self) -> str:
         """Start an episode; returns the first observation."""
@@ -79,44 +117,98 @@ class SyncEnvironment(Protocol):
         ...
 
 
-EnvFactory = Callable[..., Environment | SyncEnvironment]
+EnvFactory = Callable[..., Environment | TextEnv | SyncEnvironment]
 """An environment class, or a callable that builds one from keyword arguments."""
 
 
-class BlockingEnvironment:
-    """A :class:`SyncEnvironment` class run behind the async :class:`Environment` protocol.
+def episode_seed(task: Task, rollout: int = 0, *, seed_key: str = "seed", per_rollout: bool = False) -> int:
+    """The ``reset`` seed of an episode of ``task``: the row's ``seed_key`` when it is an integer,
+    else a stable hash of ``task.task_id`` (equal in every process).
 
-    Each ``reset(task)`` builds a fresh environment from ``env_args`` updated with the row keys in
-    ``params``, resets it and hashes its state, as one call; each ``step`` steps it and (unless the
-    episode ended) hashes the new state, as one call. Calls run in a worker thread of the current
-    :class:`~trine.blocking.BlockingPool` (bounded by the explorer's task timeout), or inline.
+    Every rollout of a task gets the same seed (the group plays the same game, which group-relative
+    advantages assume) unless ``per_rollout``, which mixes in the rollout index.
+    """
+    value = task.raw.get(seed_key)
+    has_seed = isinstance(value, int) and not isinstance(value, bool)
+    if not per_rollout:
+        return value if has_seed else _stable_int(f"id:{task.task_id}")
+    base = f"seed:{value}" if has_seed else f"id:{task.task_id}"
+    return _stable_int(f"{base}/rollout:{rollout}")
+
+
+def _stable_int(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+class BlockingEnvironment:
+    """A blocking environment class (:class:`TextEnv` or :class:`SyncEnvironment`) behind the async
+    :class:`Environment` protocol.
+
+    Each ``reset(task)`` builds the environment (or keeps the one it has, when its constructor
+    arguments are unchanged), resets it and hashes its first state, as one call; each ``step``
+    steps it and (unless the episode ended) hashes the new state, as one call. Calls run in a worker
+    thread of the current :class:`~trine.blocking.BlockingPool`, or inline.
 
     Args:
         factory: the environment class (or a callable returning one).
         env_args: its keyword arguments for every task.
         params: the row keys that override ``env_args`` (the factory's keyword parameters).
-        inline: call the environment in the event loop instead of a worker thread.
+        inline: call the environment in the event loop instead of a worker thread (the built
+            object's own ``blocking`` attribute, if any, decides from then on).
+        text_of: turns a Gymnasium-style environment's non-text observations into text.
+        action_of: turns the model's reply into a Gymnasium-style environment's action.
+        option_keys: row keys passed to a Gymnasium-style ``reset`` as ``options``.
+        seed_key: the row key holding the episode seed (see :func:`episode_seed`).
+        seed_per_rollout: give every rollout of a task its own seed.
     """
 
     def __init__(
-        self, factory: EnvFactory, env_args: dict[str, Any], params: frozenset[str], inline: bool
+        self,
+        factory: EnvFactory,
+        env_args: dict[str, Any],
+        params: frozenset[str],
+        inline: bool,
+        *,
+        text_of: TextOf | None = None,
+        action_of: ActionOf | None = None,
+        option_keys: tuple[str, ...] = (),
+        seed_key: str = "seed",
+        seed_per_rollout: bool = False,
     ) -> None:
         self.factory = factory
         self.env_args = env_args
         self.params = params
         self.inline = inline
-        self.env: SyncEnvironment | None = None
+        self.text_of = text_of
+        self.action_of = action_of
+        self.option_keys = option_keys
+        self.seed_key = seed_key
+        self.seed_per_rollout = seed_per_rollout
+        self.env: Any = None
+        self.gym_api = False
+        """Whether the built environment speaks the Gymnasium API (else the classic one)."""
+        self.builds = 0
+        """Environments this adapter has built (one per distinct constructor arguments in a row)."""
+        self._built_args: dict[str, Any] | None = None
         self._hash: str | None = None  # None once the episode ended (or before it started)
         self._live = False
 
-    async def reset(self, task: Task) -> str:
-        """Build the environment for ``task``, reset it and hash its first state."""
-        observation, self._hash = await self._call(self._start, task)
+    @property
+    def name(self) -> str:
+        """The environment's name, for messages."""
+        return _name(self.factory)
+
+    async def reset(self, task: Task, rollout: int = 0) -> str:
+        """Build (or keep) the environment for ``task``, reset it and hash its first state."""
+        self._live = False
+        observation, self._hash = await self._call(self._start, task, rollout)
         self._live = True
         return observation
 
     async def step(self, action: str) -> StepResult:
         """Step the environment with ``action`` and hash the state it leads to."""
+        if not self._live:
+            raise RuntimeError(f"step() of {self.name} called before reset() or after the episode ended.")
         result, self._hash = await self._call(self._step, action)
         self._live = not result[2]
         return result
@@ -125,40 +217,173 @@ class BlockingEnvironment:
         """The hash computed by the last ``reset`` / ``step`` (so this never blocks)."""
         if not self._live:
             raise RuntimeError(
-                f"state_hash() of {_name(self.factory)} called before reset() or after the episode "
+                f"state_hash() of {self.name} called before reset() or after the episode "
                 "ended; call it only while an episode runs."
             )
         return self._hash  # type: ignore[return-value]  # what the environment's state_hash returned
 
-    async def _call(self, fn: Callable[..., Any], arg: Any) -> Any:
-        return fn(arg) if self.inline else await run_blocking(fn, arg)
+    def close(self) -> Awaitable[None] | None:
+        """Close the built environment: an awaitable doing it, or None when there is nothing to close."""
+        env, self.env, self._built_args, self._live = self.env, None, None, False
+        if env is None or not callable(getattr(env, "close", None)):
+            return None
+        return self._call(env.close)
 
-    def _start(self, task: Task) -> tuple[str, str]:
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args) if self.inline else await run_blocking(fn, *args)
+
+    def _start(self, task: Task, rollout: int) -> tuple[str, str]:
         args = dict(self.env_args)
         args.update({k: v for k, v in task.raw.items() if k in self.params})
-        env = self.env = self.factory(**args)
-        return env.reset(), env.state_hash()
+        if self.env is None or not _same(args, self._built_args):
+            self._build(args)
+        env = self.env
+        if not self.gym_api:
+            observation = env.reset()
+            _check_text(observation, self.name, "reset()")
+            return observation, env.state_hash()
+        seed = episode_seed(task, rollout, seed_key=self.seed_key, per_rollout=self.seed_per_rollout)
+        fixed = self.env_args.get(self.seed_key)
+        if self.seed_key not in task.raw and isinstance(fixed, int) and not self.seed_per_rollout:
+            seed = fixed  # one seed for every task, given in env_args
+        options = {k: task.raw[k] for k in self.option_keys if k in task.raw} or None
+        result = env.reset(seed=seed, options=options)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError(
+                f"{self.name}.reset(seed=..., options=...) returned {_short(result)}; expected "
+                "(observation, info) as gymnasium.Env.reset does."
+            )
+        text = self._text(*result, "reset()")
+        return text, self._gym_hash(text)
+
+    def _build(self, args: dict[str, Any]) -> None:
+        old, self.env = self.env, None
+        if old is not None and callable(getattr(old, "close", None)):
+            old.close()
+        self.env = self.factory(**args)
+        self._built_args = args
+        self.builds += 1
+        self.gym_api = _speaks_gym(self.env)
+        blocking = getattr(self.env, "blocking", None)
+        if blocking is not None:  # the object's own say, from its next call on
+            self.inline = blocking is False
 
     def _step(self, action: str) -> tuple[StepResult, str | None]:
-        assert self.env is not None, "step() before reset()"
-        observation, reward, done, info = self.env.step(action)
-        return (observation, reward, done, info), None if done else self.env.state_hash()
+        env = self.env
+        assert env is not None, "step() before reset()"
+        if not self.gym_api:
+            observation, reward, done, info = env.step(action)
+            return (observation, reward, done, info), None if done else env.state_hash()
+        result = env.step(self.action_of(action) if self.action_of else action)
+        if not (isinstance(result, tuple) and len(result) == 5):
+            raise TypeError(
+                f"{self.name}.step(action) returned {_short(result)}; expected (observation, reward, "
+                "terminated, truncated, info) as gymnasium.Env.step does."
+            )
+        observation, reward, terminated, truncated, info = result
+        info = {**plain(dict(info or {})), "terminated": bool(terminated), "truncated": bool(truncated)}
+        text = self._text(observation, info, "step()")
+        done = bool(terminated or truncated)
+        return (text, _reward(reward, self.name), done, info), None if done else self._gym_hash(text)
+
+    def _text(self, observation: Any, info: dict[str, Any], call: str) -> str:
+        if self.text_of is not None:
+            observation = self.text_of(observation, info)
+            _check_text(observation, f"text_of for {self.name}", "text_of(observation, info)")
+            return observation
+        if not isinstance(observation, str):
+            raise TypeError(
+                f"{self.name}.{call} returned an observation of type {type(observation).__name__} "
+                f"({_short(observation)}), not text; give the workflow text_of='package.module:function' "
+                "(called as text_of(observation, info) -> str) to render it."
+            )
+        return observation
+
+    def _gym_hash(self, text: str) -> str:
+        own = getattr(self.env, "state_hash", None)
+        if callable(own):
+            return str(own())
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def environment_maker(
-    factory: EnvFactory, env_args: dict[str, Any] | None = None
+    factory: EnvFactory,
+    env_args: dict[str, Any] | None = None,
+    *,
+    text_of: TextOf | None = None,
+    action_of: ActionOf | None = None,
+    option_keys: tuple[str, ...] | list[str] = (),
+    seed_key: str = "seed",
+    seed_per_rollout: bool = False,
 ) -> Callable[[], Environment]:
-    """A callable returning a fresh :class:`Environment` per episode, for either shape of class.
+    """A callable returning a new :class:`Environment` object per call, for any shape of class.
 
     An async class (its ``reset`` is a coroutine function) is built as ``factory(**env_args)``;
-    anything else is wrapped in a :class:`BlockingEnvironment`, inline when ``factory.blocking`` is
-    ``False``.
+    anything else is wrapped in a :class:`BlockingEnvironment` (inline when ``factory.blocking`` is
+    ``False``), which passes on the other arguments.
     """
     args = dict(env_args or {})
     if inspect.iscoroutinefunction(getattr(factory, "reset", None)):
         return functools.partial(factory, **args)  # type: ignore[return-value]
     inline = getattr(factory, "blocking", True) is False
-    return functools.partial(BlockingEnvironment, factory, args, _named_params(factory), inline)
+    return functools.partial(
+        BlockingEnvironment,
+        factory,
+        args,
+        _named_params(factory),
+        inline,
+        text_of=text_of,
+        action_of=action_of,
+        option_keys=tuple(option_keys),
+        seed_key=seed_key,
+        seed_per_rollout=seed_per_rollout,
+    )
+
+
+def plain(value: Any) -> Any:
+    """``value`` made JSON-able: numpy scalars and arrays to numbers and lists, other objects to repr."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if callable(getattr(value, "tolist", None)):  # numpy scalars and arrays
+        return plain(value.tolist())
+    return repr(value)
+
+
+def _speaks_gym(env: Any) -> bool:
+    """Whether ``env.reset`` takes a ``seed`` (the Gymnasium API) rather than nothing (classic)."""
+    try:
+        parameters = inspect.signature(env.reset).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "seed" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def _same(args: dict[str, Any], built: dict[str, Any] | None) -> bool:
+    try:
+        return built is not None and bool(args == built)
+    except Exception:  # values whose == is not a bool (arrays): rebuild
+        return False
+
+
+def _reward(value: Any, name: str) -> float:
+    try:
+        reward = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}.step returned reward {_short(value)}; expected a number.") from None
+    if not math.isfinite(reward):
+        raise ValueError(f"{name}.step returned reward {reward}; expected a finite number.")
+    return reward
+
+
+def _check_text(value: Any, name: str, call: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: {call} returned {_short(value)} of type {type(value).__name__}; expected text.")
 
 
 def _named_params(factory: EnvFactory) -> frozenset[str]:
@@ -170,5 +395,11 @@ def _named_params(factory: EnvFactory) -> frozenset[str]:
     return frozenset(p.name for p in parameters if p.kind in kinds)
 
 
-def _name(factory: EnvFactory) -> str:
-    return getattr(factory, "__qualname__", None) or repr(factory)
+def _name(factory: Any) -> str:
+    inner = getattr(factory, "func", factory)  # functools.partial
+    return getattr(inner, "__qualname__", None) or getattr(inner, "__name__", None) or repr(inner)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -24,6 +24,11 @@ hole ends the episode with 0.0, and so does running out of ``max_steps``. :meth:
 identifies (layout, agent position), so equal states in different rollouts of one layout get equal
 hashes: GiGPO's anchor states.
 
+:class:`GridWorldEnv` is the same game on the Gymnasium-style text API (``reset(seed=,
+options=) -> (observation, info)``, ``step`` -> ``(observation, reward, terminated, truncated,
+info)``): the ``grid_world`` environment and workflow drive it through the one adapter every
+environment goes through (:class:`~trine.workflows.envs.base.BlockingEnvironment`).
+
 ``grid_world_tasks`` makes taskset rows for the ``"grid_world"`` workflow, and
 ``write_example_data`` writes ``examples/grid_world/data/{train,eval}.jsonl``.
 ``format_warmup_rows`` makes supervised rows (an observation -> a *random* valid action) that
@@ -266,6 +271,64 @@ class GridWorld:
             "steps": self.steps,
         }
         return self.observation(), 1.0 if success else 0.0, self.done, info
+
+
+class GridWorldEnv:
+    """The grid world on the Gymnasium-style text API (what the ``grid_world`` environment name and
+    workflow use): ``reset(seed=, options=) -> (observation, info)``, ``step(text) -> (observation,
+    reward, terminated, truncated, info)``, ``state_hash()``.
+
+    Each ``reset`` starts a :class:`GridWorld` from the constructor's arguments, updated by
+    ``options`` (any of ``size``, ``holes``, ``max_steps``, ``layout``, ``view``); ``seed`` (when
+    given) picks the layout, so one object serves any row. Observations, rewards, ``info`` and state
+    hashes are :class:`GridWorld`'s; ``terminated`` means the goal or a hole was reached,
+    ``truncated`` that ``max_steps`` ran out first. Arguments as for :class:`GridWorld`.
+    """
+
+    blocking = False
+    """Pure, fast Python: called inline in the event loop, not in a worker thread."""
+    option_names = ("size", "holes", "max_steps", "layout", "view")
+
+    def __init__(
+        self,
+        size: int = 4,
+        holes: int | None = None,
+        seed: int = 0,
+        max_steps: int = 8,
+        layout: list[str] | None = None,
+        view: str = "grid",
+    ) -> None:
+        self.config: dict[str, Any] = {
+            "size": size,
+            "holes": holes,
+            "seed": seed,
+            "max_steps": max_steps,
+            "layout": layout,
+            "view": view,
+        }
+        self.game = GridWorld(**self.config)  # checks the arguments now
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        """A new episode: the layout of ``seed`` (else the constructor's) with ``options`` applied."""
+        config = dict(self.config)
+        unknown = set(options or {}) - set(self.option_names)
+        if unknown:
+            raise ValueError(f"options {sorted(unknown)} are not grid-world options; expected {self.option_names}.")
+        config.update(options or {})
+        if seed is not None:
+            config["seed"] = seed
+        self.game = GridWorld(**config)
+        return self.game.reset(), {"layout": list(self.game.layout)}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply the last action named in ``action`` (see :meth:`GridWorld.step`)."""
+        observation, reward, done, info = self.game.step(action)
+        terminated = bool(info["success"] or info["fell"])
+        return observation, reward, terminated, done and not terminated, info
+
+    def state_hash(self) -> str:
+        """(layout, agent position), as :meth:`GridWorld.state_hash`."""
+        return self.game.state_hash()
 
 
 def _check_layout(layout: list[str]) -> list[str]:
