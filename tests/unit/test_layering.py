@@ -41,6 +41,7 @@ BASE = {
     "models",
     "blocking",
     "status",
+    "tools",
 }
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
 ENTRY_POINTS = {"trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "serve", "studio", "distributed"}
