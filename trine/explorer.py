@@ -264,8 +264,25 @@ class Explorer:
                 out[f"eval/{name}/pass@{k}"] = statistics.fmean(float(any(c)) for c in correct)
         return out
 
+    def close_workflows(self, timeout: float = 30.0) -> None:
+        """Release what the workflows hold (MCP servers, environment pools): each one's ``aclose()``,
+        awaited on the explorer's event loop (at most ``timeout`` seconds), or ``close()``."""
+        workflows, self._workflows = list(self._workflows.values()), {}
+        for workflow in workflows:
+            try:
+                if hasattr(workflow, "aclose"):
+                    self.loop.run_until_complete(asyncio.wait_for(workflow.aclose(), timeout))
+                elif hasattr(workflow, "close"):
+                    workflow.close()
+            except Exception as err:  # noqa: BLE001 - closing must not fail the run that ended
+                log.warning(
+                    "closing workflow %s failed: %s: %s", type(workflow).__name__, type(err).__name__, err
+                )
+
     def close(self) -> None:
-        """Close the event loop and let the idle blocking workers exit."""
+        """Close the workflows and the event loop, and let the idle blocking workers exit."""
+        if not self.loop.is_closed():
+            self.close_workflows()
         self.loop.close()
         self.pool.close()
 
@@ -400,6 +417,10 @@ class Explorer:
             m["explorer/episode_length_mean"] = statistics.fmean(e.step + 1 for e in episodes)
         for reason in set(reasons):
             m[f"explorer/skipped_{reason}"] = float(reasons.count(reason))
+        counters: Counter = Counter()  # workflow counters, e.g. tools/calls (info["counters"])
+        for e in exps:
+            counters.update(e.info.get("counters") or {})
+        m.update({k: float(v) for k, v in sorted(counters.items())})
         parts: dict[str, list[float]] = {}
         for e in exps:
             for k, v in (e.info.get("reward_parts") or {}).items():

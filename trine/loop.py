@@ -35,7 +35,10 @@ def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[
                 continue
             stage = build.build_stage(cfg, rd.model, rd.tokenizer, rd.path, part, source)
             rd.restore(stage, index)
-            _run_stage(stage, index, rd)
+            try:
+                _run_stage(stage, index, rd)
+            finally:
+                stage.close()
             limit = cfg.stop_after_steps
             if stage.step < stage.total_steps or (limit and rd.step >= limit and index < len(stages) - 1):
                 return rd.finish("stopped")  # run again to continue

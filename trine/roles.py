@@ -366,6 +366,12 @@ class Stage:
             return self.explorer.gate
         return self.__dict__.setdefault("_gate", threading.Lock())
 
+    def close(self) -> None:
+        """Release what the stage's workflows hold (MCP servers, environment pools) once it is done."""
+        explorers = [side.explorer for side in (self.explorer, self.evaluator) if side is not None]
+        for explorer in {id(e): e for e in explorers}.values():
+            explorer.close_workflows()
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs besides the trainer's weights and state (call with ``gate`` held)."""
         state: dict[str, Any] = {"stage_step": self.step}

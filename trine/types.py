@@ -66,6 +66,8 @@ class Completion:
     text: str
     finish_reason: str
     """"stop" (eos, stop token or stop string) or "length" (max_tokens reached)."""
+    policy_version: int | None = None
+    """The weights version its first token was sampled with (None: the engine does not say)."""
     token_versions: list[int] | None = None
     """The weights version each response token was sampled with, when they differ (a partial rollout
     went on under new weights); None when all tokens come from one version."""

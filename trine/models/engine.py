@@ -435,6 +435,7 @@ class _DecodeState:
                     logprobs=logprobs[i][: lengths[i]],
                     text=tokenizer.decode(response, skip_special_tokens=True),
                     finish_reason="stop" if stopped[i] else "length",
+                    policy_version=versions[0] if versions else None,
                     token_versions=versions if versions and versions[0] != versions[-1] else None,
                 )
             )

@@ -72,8 +72,21 @@ QWEN2_PATTERN = (
 )
 
 CHAT_TEMPLATE = (
+    # ChatML. With tools, the system turn lists them (one JSON object per line inside <tools>); the model
+    # calls one as <tool_call>{"name": ..., "arguments": {...}}</tool_call> and a result comes back as a
+    # `tool` message (the Hermes / Qwen2.5 convention, kept short for tiny models).
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n' }}{%- endif %}"
+    "{{- '<tools>\\n' }}"
+    "{%- for tool in tools %}{{- (tool['function'] if tool['function'] is defined else tool) | tojson }}"
+    "{{- '\\n' }}{%- endfor %}"
+    "{{- '</tools><|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if not (tools and loop.first and message['role'] == 'system') %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )

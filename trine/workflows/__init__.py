@@ -7,17 +7,22 @@
   (``greedy_baseline=True`` adds ReMax's greedy baseline reward).
 - ``step_wise``: an agent in a text environment, one experience per step (``env=...``).
 - ``grid_world``: ``step_wise`` over the built-in grid world (rows from ``grid_world_tasks``).
+- ``tool_agent``: multi-turn tool use (Python functions and MCP servers), token-in token-out
+  (:mod:`trine.workflows.tool_agent` over :class:`~trine.workflows.trajectory.Trajectory`).
 """
 
 from trine.workflows.base import RolloutModel, ScoreFn, Workflow, completion_experience
 from trine.workflows.envs import ENVIRONMENTS, GridWorld, grid_world_tasks
 from trine.workflows.single_turn import SingleTurnWorkflow
 from trine.workflows.step_wise import GridWorldWorkflow, StepWiseWorkflow
+from trine.workflows.tool_agent import ToolAgentWorkflow
+from trine.workflows.trajectory import Trajectory
 
 WORKFLOWS = {
     "single_turn": SingleTurnWorkflow,
     "step_wise": StepWiseWorkflow,
     "grid_world": GridWorldWorkflow,
+    "tool_agent": ToolAgentWorkflow,
 }
 
 __all__ = [
@@ -29,6 +34,8 @@ __all__ = [
     "ScoreFn",
     "SingleTurnWorkflow",
     "StepWiseWorkflow",
+    "ToolAgentWorkflow",
+    "Trajectory",
     "Workflow",
     "completion_experience",
     "grid_world_tasks",
