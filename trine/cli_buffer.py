@@ -70,11 +70,13 @@ def memory_buffer_note(run_dir: Path, kept: int, has_checkpoint: bool) -> str:
 
 @buffer_app.command()
 def stats(run_dir: Path = RUN_DIR, stage: str = STAGE) -> None:
-    """Counts by status and by policy version, rewards and lengths, a reward histogram."""
+    """Counts by status, by policy version and by trajectory status (ok, truncated, timeout, env_error,
+    tool_error, reward_error), rewards and lengths, a reward histogram."""
     from rich.console import Console
     from rich.table import Table
 
     from trine.buffer.inspect import STATUSES, reward_histogram
+    from trine.types import TRAJECTORY_STATUSES
 
     rows = _rows(run_dir, stage=stage)
     console = Console()
@@ -100,6 +102,15 @@ def stats(run_dir: Path = RUN_DIR, stage: str = STAGE) -> None:
         counts = Counter(s for e, s in rows if e.policy_version == v)
         versions.add_row(str(v), *(str(counts.get(s, 0)) for s in STATUSES))
     console.print(versions)
+    outcomes = Table(title="by trajectory status (only ok and truncated are trained by default)")
+    for col in ("trajectory", "count", "reward mean"):
+        outcomes.add_column(col, justify="left" if col == "trajectory" else "right")
+    for outcome in TRAJECTORY_STATUSES:
+        chosen = [e for e, _ in rows if e.status == outcome]
+        rewards = [e.reward for e in chosen if e.reward is not None]
+        mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+        outcomes.add_row(outcome, str(len(chosen)), mean)
+    console.print(outcomes)
     console.print("reward histogram")
     for line in reward_histogram([e.reward for e, _ in rows if e.reward is not None]):
         console.print("  " + line)

@@ -56,6 +56,8 @@ Count = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
 """An integer >= 0."""
 Positive = Annotated[float, Field(gt=0)]
+TrajectoryStatus = Literal["ok", "truncated", "timeout", "env_error", "tool_error", "reward_error"]
+"""One of :data:`trine.types.TRAJECTORY_STATUSES`."""
 """A number > 0."""
 NonNeg = Annotated[float, Field(ge=0)]
 """A number >= 0."""
@@ -458,6 +460,10 @@ class TrainerConfig(Section):
     """Passes over the batch per training step."""
     recompute_logprobs: bool = False
     """Recompute old logprobs with the trainer instead of using the rollout engine's."""
+    train_statuses: list[TrajectoryStatus] = ["ok", "truncated"]
+    """Trajectory statuses the loss trains on; experiences with another status (``timeout``,
+    ``env_error``, ``tool_error``, ``reward_error``) stay in the buffer for inspection but out of the
+    loss (``trainer/excluded_status``)."""
     fused_adamw: bool = False
     """The policy's AdamW as torch's fused kernel (the default of HF Trainer / TRL): one pass over all
     parameters, ~4x faster optimizer step on CPU. Off by default because its float rounding differs

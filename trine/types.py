@@ -113,6 +113,20 @@ class Task:
 EXPERIENCE_KINDS = ("rollout", "sft", "preference")
 
 
+TRAJECTORY_STATUSES: tuple[str, ...] = (
+    "ok",
+    "truncated",
+    "timeout",
+    "env_error",
+    "tool_error",
+    "reward_error",
+)
+"""How a trajectory ended: ``ok``; ``truncated`` (a token budget, ``max_tokens`` or ``max_turns`` ran out
+before the episode ended); ``timeout`` (a turn took longer than its limit); ``env_error`` (the environment
+raised or hung); ``tool_error`` (a tool failed so that the episode could not go on); ``reward_error`` (the
+reward could not be computed: stored with reward 0 and this status, never a silent 0)."""
+
+
 @dataclass
 class Experience:
     """One trajectory (or one step of one), as the trainer needs it.
@@ -141,6 +155,9 @@ class Experience:
     """Version of the weights that produced the response."""
     kind: str = "rollout"
     """"rollout", "sft" or "preference"."""
+    status: str = "ok"
+    """How the trajectory ended (:data:`TRAJECTORY_STATUSES`); experiences whose status is not in
+    ``trainer.train_statuses`` are stored for inspection but kept out of the loss."""
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form JSON-able details: reward parts, response text, finish reason..."""
     id: str = field(default_factory=new_id)
@@ -182,6 +199,10 @@ class Experience:
             )
         if self.kind not in EXPERIENCE_KINDS:
             raise ValueError(f"Experience {self.id}: kind={self.kind!r}; expected one of {EXPERIENCE_KINDS}.")
+        if self.status not in TRAJECTORY_STATUSES:
+            raise ValueError(
+                f"Experience {self.id}: status={self.status!r}; expected one of {TRAJECTORY_STATUSES}."
+            )
 
     def _check_types(self) -> None:
         if not isinstance(self.tokens, list) or not all(type(t) is int for t in self.tokens):

@@ -326,6 +326,22 @@ def test_a_database_made_before_batch_records_gets_the_table(tmp_path):
     reopened.close()
 
 
+def test_a_database_made_before_trajectory_statuses_gets_the_column(tmp_path):
+    db = tmp_path / "buffer.db"
+    buf = SQLBuffer(db)
+    buf.put([exp(0)])
+    buf.close()
+    with sqlite3.connect(db) as conn:  # what an older Trine left: no status column
+        conn.execute("ALTER TABLE experiences DROP COLUMN status")
+    reopened = SQLBuffer(db)
+    failed = exp(1)
+    failed.status = "env_error"
+    reopened.put([failed])
+    got = reopened.get(2, timeout=1.0)
+    assert [e.status for e in got] == ["ok", "env_error"]  # the old row reads as ok
+    reopened.close()
+
+
 # -- several readers --------------------------------------------------------------------------------
 
 

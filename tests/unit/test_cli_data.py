@@ -35,6 +35,7 @@ def run_dir(tmp_path):
             run_id=f"r{i}",
             group_id=f"g{i // 2}",
             policy_version=i // 4,
+            status={5: "tool_error", 6: "timeout"}.get(i, "ok"),
             info={"response": f"answer {i}"},
         )
         for i in range(8)
@@ -53,6 +54,13 @@ def test_stats_shows_counts_by_status_and_version_and_a_histogram(run_dir):
     assert lines["consumed"].split("│")[2].strip() == "4"
     assert lines["pending"].split("│")[2].strip() == "2"
     assert "reward histogram" in result.output and "█" in result.output
+    assert "by trajectory status" in result.output  # stored with the rows: a real column
+    assert [lines[s].split("│")[2].strip() for s in ("ok", "tool_error", "timeout", "env_error")] == [
+        "6",
+        "1",
+        "1",
+        "0",
+    ]
 
 
 def test_head_lists_top_rewards(run_dir):

@@ -111,7 +111,7 @@ def test_a_tool_call_then_an_answer_is_one_masked_trajectory(tokenizer):
     assert len(exps) == 2
     for e in exps:
         e.check()
-        assert e.reward == 1.0 and e.info["status"] == "ok" and e.info["turns"] == 2
+        assert e.reward == 1.0 and e.status == "ok" and e.info["turns"] == 2
         assert e.info["response"] == "The answer is 408"
         observation = [t for t, m in zip(e.response_tokens, e.action_mask) if m == 0]
         assert "<|im_start|>tool\n408<|im_end|>" in tokenizer.decode(observation)
@@ -142,12 +142,10 @@ def test_faults_become_observations_and_counters_never_a_failed_task(tokenizer):
 def test_no_answer_within_max_turns_or_the_budget_is_truncated_with_reward_zero(tokenizer):
     wf = ToolAgentWorkflow(exact, tools=["tests.unit.test_tool_agent:multiply"], max_turns=1)
     (exp,) = _run(wf, Scripted(tokenizer, CALL), _task(repeat=1))
-    assert (
-        exp.info["status"] == "truncated" and "max_turns=1" in exp.info["status_reason"] and exp.reward == 0.0
-    )
+    assert exp.status == "truncated" and "max_turns=1" in exp.info["status_reason"] and exp.reward == 0.0
     wf = ToolAgentWorkflow(exact, tools=["tests.unit.test_tool_agent:multiply"], max_tokens=280)
     (exp,) = _run(wf, Scripted(tokenizer, CALL), _task(repeat=1))
-    assert exp.info["status"] == "truncated" and "max_tokens=280" in exp.info["status_reason"]
+    assert exp.status == "truncated" and "max_tokens=280" in exp.info["status_reason"]
     assert len(exp.tokens) <= 280 and exp.info["turns"] == 1
     wf = ToolAgentWorkflow(exact, tools=["tests.unit.test_tool_agent:multiply"], max_tokens=100)
     with pytest.raises(RuntimeError, match="before its first turn: truncated: the opening prompt"):
@@ -169,7 +167,7 @@ def test_a_turn_past_its_timeout_ends_the_episode_as_timeout(tokenizer):
 
     model.generate = slow_second_turn
     (exp,) = _run(slow_answer, model, _task(repeat=1))
-    assert exp.info["status"] == "timeout" and exp.info["turns"] == 1 and exp.reward == 0.0
+    assert exp.status == "timeout" and exp.info["turns"] == 1 and exp.reward == 0.0
 
 
 def test_one_experience_per_turn_for_step_wise_advantages(tokenizer):

@@ -127,6 +127,24 @@ def test_step_requires_rewards_and_counts_empty_batches(tiny_model_dir, tokenize
         trainer.step([pending, experiences[1]])
 
 
+def test_experiences_of_a_failed_trajectory_stay_out_of_the_loss(tiny_model_dir, tokenizer, experiences):
+    """An env/tool/reward failure is stored with its status and excluded: the update equals the one
+    without those rows (configurable with trainer.train_statuses)."""
+    failed = [
+        Experience.from_dict({**e.to_dict(), "status": "reward_error", "reward": 5.0, "id": f"x{i}"})
+        for i, e in enumerate(experiences[:2])
+    ]
+    clean, mixed = _trainer(tiny_model_dir, tokenizer), _trainer(tiny_model_dir, tokenizer)
+    clean.step(list(experiences))
+    metrics = mixed.step(list(experiences) + failed)
+    assert metrics["trainer/excluded_status"] == 2.0 and metrics["trainer/batch_size"] == len(experiences)
+    assert _max_diff(_state(clean.model), _state(mixed.model)) == 0.0
+    everything = _trainer(tiny_model_dir, tokenizer, train_statuses=["ok", "reward_error"])
+    assert "trainer/excluded_status" not in everything.step(list(experiences) + failed)
+    only_failed = _trainer(tiny_model_dir, tokenizer).step(failed)
+    assert only_failed == {"trainer/empty_batch": 1.0, "trainer/excluded_status": 2.0}
+
+
 def test_plan_micro_batches_respects_the_budget_and_buckets_by_length():
     lengths = [10, 3, 9, 2, 4, 11]
     # sorted: 11 10 9 4 3 2. Three micro-batches are needed under budget 22; 11 10 | 9 | 4 3 2 processes

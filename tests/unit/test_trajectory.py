@@ -102,7 +102,7 @@ def test_the_token_budget_ends_the_episode_as_truncated_never_raises(tokenizer):
     assert traj.status == "truncated" and "does not fit max_tokens=60" in traj.reason
     exp = traj.experience(0.0)
     exp.check()
-    assert exp.info["status"] == "truncated" and exp.info["turns"] == 1
+    assert exp.status == "truncated" and exp.info["turns"] == 1
     short = Trajectory(tokenizer, CHAT, max_tokens=5)
     assert short.status == "truncated" and "opening prompt" in short.reason
     with pytest.raises(ValueError, match="expected one of"):

@@ -31,6 +31,8 @@ priority           float           ``policy_version - use_count * reuse_decay`` 
 last_get           integer, null   number of the last ``get`` that handed it out (cooldown)
 expired_at         float, null     time it expired while pending (dropped, or default reward)
 kind               text            "rollout", "sft" or "preference"
+status             text, null      how the trajectory ended: ``Experience.status`` (ok, truncated, timeout,
+                                   env_error, tool_error, reward_error); NULL in rows of an older Trine
 lineage            JSON            ``info["lineage"]`` if present (names of the operators applied), else []
 tokens             bytes           int32 little-endian, prompt + response
 action_mask        bytes           int32 little-endian, one per response token
@@ -127,6 +129,7 @@ def build_table(metadata: Any, name: str) -> Any:
         sa.Column("last_get", sa.Integer(), nullable=True),
         sa.Column("expired_at", sa.Float(), nullable=True),
         sa.Column("kind", sa.String(16), nullable=False, default="rollout"),
+        sa.Column("status", sa.String(16), nullable=True),  # NULL (a row of an older Trine) = "ok"
         sa.Column("lineage", sa.JSON(), nullable=False),
         sa.Column("tokens", sa.LargeBinary(), nullable=False),
         sa.Column("action_mask", sa.LargeBinary(), nullable=False),
@@ -197,6 +200,7 @@ def experience_to_row(e: Experience, now: float) -> dict[str, Any]:
         "last_get": None,
         "expired_at": None,
         "kind": e.kind,
+        "status": e.status,
         "lineage": [str(x) for x in lineage] if isinstance(lineage, (list, tuple)) else [str(lineage)],
         "tokens": pack(e.tokens, _INT32),
         "action_mask": pack(e.action_mask, _INT32),
@@ -223,5 +227,6 @@ def row_to_experience(row: Any) -> Experience:
         step=m["step"],
         policy_version=m["policy_version"],
         kind=m["kind"],
+        status=m.get("status") or "ok",
         info=dict(m["info"] or {}),
     )

@@ -91,6 +91,7 @@ class Trainer:
         mini_batches: int = 1,
         update_epochs: int = 1,
         recompute_logprobs: bool = False,
+        train_statuses: tuple[str, ...] | list[str] = ("ok", "truncated"),
         fused_adamw: bool = False,
         entropy_metric: bool = True,
         max_response_length: int | None = None,
@@ -117,6 +118,7 @@ class Trainer:
         self.mini_batches = mini_batches
         self.update_epochs = update_epochs
         self.recompute_logprobs = recompute_logprobs
+        self.train_statuses = frozenset(train_statuses)
         self.entropy_metric = entropy_metric
         self.max_response_length = max_response_length
         self.device = next(model.parameters()).device
@@ -141,10 +143,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ the step
     def step(self, experiences: list[Experience]) -> dict[str, float]:
-        """One training step on one batch; returns ``trainer/*`` metrics and bumps the version."""
+        """One training step on one batch; returns ``trainer/*`` metrics and bumps the version.
+        Experiences whose trajectory status is not in ``train_statuses`` stay out of the loss (and out
+        of their group's statistics), counted in ``trainer/excluded_status``."""
+        kept = [e for e in experiences if e.status in self.train_statuses]
+        excluded = (
+            {"trainer/excluded_status": float(len(experiences) - len(kept))}
+            if len(kept) < len(experiences)
+            else {}
+        )
+        experiences = kept
         if not experiences:  # every task of the batch was skipped: keep the version schedule
             self.version += 1
-            return {"trainer/empty_batch": 1.0}
+            return {"trainer/empty_batch": 1.0, **excluded}
         start = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]  # the LR this step trains with (before scheduler.step)
         stats = _Sums()
@@ -177,6 +188,7 @@ class Trainer:
                 "trainer/padding_fraction": 1.0 - stats.tokens / max(stats.padded, 1),
                 "trainer/batch_size": float(len(experiences)),
                 "time/train_seconds": elapsed,
+                **excluded,
             }
         )
         return metrics

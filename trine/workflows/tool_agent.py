@@ -8,7 +8,7 @@ back as ``tool`` messages, token-in token-out. A turn without a tool call is the
 task's reward. Faults stay inside the episode: a malformed call, an unknown tool, a tool that raises,
 hangs or whose MCP server died is an error observation for the model (and a counter: ``tools/*``); a
 turn past ``turn_timeout`` ends the episode as ``timeout``, a conversation past ``max_tokens`` or
-``max_turns`` as ``truncated`` (reward 0: no answer), each with its reason in ``info["status"]``.
+``max_turns`` as ``truncated`` (reward 0: no answer), each recorded in ``Experience.status`` (reason: ``info["status_reason"]``).
 
 Tools are Python functions (import paths, schema from their type hints) and the tools of MCP servers
 (``mcp_servers``: :class:`~trine.tools.MCPServer` fields), which the workflow starts on first use on the

@@ -33,14 +33,10 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from trine.types import Completion, Experience, new_id
+from trine.types import TRAJECTORY_STATUSES, Completion, Experience, new_id
 
 Status = Literal["ok", "truncated", "timeout", "env_error", "tool_error", "reward_error"]
-STATUSES: tuple[str, ...] = ("ok", "truncated", "timeout", "env_error", "tool_error", "reward_error")
-"""How a trajectory ended: ``ok``; ``truncated`` (the token budget or ``max_turns`` ran out before the
-episode ended); ``timeout`` (a turn took longer than its limit); ``env_error`` (the environment raised
-or hung); ``tool_error`` (a tool failed so that the episode could not go on); ``reward_error`` (the
-reward could not be computed — never a silent 0)."""
+STATUSES = TRAJECTORY_STATUSES
 
 _PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
 
@@ -207,6 +203,7 @@ class Trajectory:
             logprobs=self.logprobs[:n],
             reward=reward,
             run_id=self.run_id,
+            status=self.status,
             info=self._info(parts, temperature),
         )
         self._versions_info(exp, self.versions[:n])
@@ -230,6 +227,7 @@ class Trajectory:
                 reward=step_reward,
                 run_id=self.run_id,
                 step=t,
+                status=self.status,
                 info={**self._info(parts, temperature), **turn.info},
             )
             exp.info.update(
@@ -250,7 +248,6 @@ class Trajectory:
             "finish_reason": last.finish_reason if last else "",
             "reward_parts": dict(parts or {}),
             "temperature": temperature,
-            "status": self.status,
             "status_reason": self.reason,
             "turns": len(self.turns),
             "turn_rewards": [t.reward for t in self.turns],
