@@ -8,7 +8,7 @@ observation (not the whole history), so sequences stay short::
 
     Experience(tokens=prompt + response, action_mask=[1] * len(response), logprobs=...,
                reward=<step reward>, run_id=<one per rollout>, step=<t>,
-               info={"env_state_hash", "step_reward", "episode_return", "success", "status", ...})
+               status=<how the episode ended>, info={"env_state_hash", "step_reward", "episode_return", ...})
 
 That is what the multi-step advantages read: ``step_wise_grpo`` (the last step's reward of each
 run, broadcast to its steps) and ``gigpo`` (per-step rewards, ``run_id``, ``step`` and
@@ -25,11 +25,11 @@ classic blocking; see :mod:`trine.workflows.envs.base`) goes through the same ad
 bounds each ``reset``/``step`` by ``env_timeout``.
 
 **Faults.** An environment whose ``step`` (or ``state_hash``) raises or times out ends its episode:
-the steps played so far are returned with ``info["status"] = "env_error"`` or ``"timeout"`` and
-``info["error"]`` (the message), and the environment is discarded, never reused. When no step
+the steps played so far are returned with ``Experience.status = "env_error"`` or ``"timeout"`` and
+``info["status_reason"]`` (the message), and the environment is discarded, never reused. When no step
 happened (``reset`` or the first ``step`` failed) the workflow raises the
 :class:`~trine.workflows.envs.pool.EnvFailure` (after cancelling the task's other episodes), so the
-explorer retries or skips the task and counts it. Normal episodes have ``info["status"] = "ok"``,
+explorer retries or skips the task and counts it. Normal episodes have ``status = "ok"``,
 also when they end by the environment's or the workflow's step limit (those are ordinary RL
 outcomes, kept in the loss).
 """
@@ -146,9 +146,9 @@ class StepWiseWorkflow:
         for e in steps:
             e.info.update(episode_return=episode_return, success=success, episode_length=len(steps))
             e.info["last_step"] = e is steps[-1]
-            e.info["status"] = status
+            e.status = status
             if env.failure:
-                e.info["error"] = str(env.failure)[:500]
+                e.info["status_reason"] = str(env.failure)[:500]
         return steps
 
     async def _play(

@@ -43,6 +43,7 @@ import functools
 import hashlib
 import inspect
 import math
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -158,7 +159,8 @@ class BlockingEnvironment:
         text_of: turns a Gymnasium-style environment's non-text observations into text.
         action_of: turns the model's reply into a Gymnasium-style environment's action.
         option_keys: row keys passed to a Gymnasium-style ``reset`` as ``options``.
-        seed_key: the row key holding the episode seed (see :func:`episode_seed`).
+        seed_key: the row key holding the episode seed (see :func:`episode_seed`); for rows without
+            it, an integer ``env_args[seed_key]`` is every task's seed.
         seed_per_rollout: give every rollout of a task its own seed.
     """
 
@@ -188,6 +190,8 @@ class BlockingEnvironment:
         self.gym_api = False
         """Whether the built environment speaks the Gymnasium API (else the classic one)."""
         self.builds = 0
+        self._closed = False  # set by close(): an environment built after it (a cancelled episode's
+        self._close_lock = threading.Lock()  # thread finishing late) is closed at once, never leaked
         """Environments this adapter has built (one per distinct constructor arguments in a row)."""
         self._built_args: dict[str, Any] | None = None
         self._hash: str | None = None  # None once the episode ended (or before it started)
@@ -200,7 +204,7 @@ class BlockingEnvironment:
 
     async def reset(self, task: Task, rollout: int = 0) -> str:
         """Build (or keep) the environment for ``task``, reset it and hash its first state."""
-        self._live = False
+        self._live = self._closed = False
         observation, self._hash = await self._call(self._start, task, rollout)
         self._live = True
         return observation
@@ -224,7 +228,9 @@ class BlockingEnvironment:
 
     def close(self) -> Awaitable[None] | None:
         """Close the built environment: an awaitable doing it, or None when there is nothing to close."""
-        env, self.env, self._built_args, self._live = self.env, None, None, False
+        with self._close_lock:
+            self._closed = True
+            env, self.env, self._built_args, self._live = self.env, None, None, False
         if env is None or not callable(getattr(env, "close", None)):
             return None
         return self._call(env.close)
@@ -260,7 +266,15 @@ class BlockingEnvironment:
         old, self.env = self.env, None
         if old is not None and callable(getattr(old, "close", None)):
             old.close()
-        self.env = self.factory(**args)
+        built = self.factory(**args)
+        with self._close_lock:
+            late = self._closed
+            if not late:
+                self.env = built
+        if late:  # closed while it was being built: close it here instead of leaking it
+            if callable(getattr(built, "close", None)):
+                built.close()
+            raise RuntimeError(f"{self.name} was closed while it was being built")
         self._built_args = args
         self.builds += 1
         self.gym_api = _speaks_gym(self.env)
@@ -383,7 +397,9 @@ def _reward(value: Any, name: str) -> float:
 
 def _check_text(value: Any, name: str, call: str) -> None:
     if not isinstance(value, str):
-        raise TypeError(f"{name}: {call} returned {_short(value)} of type {type(value).__name__}; expected text.")
+        raise TypeError(
+            f"{name}: {call} returned {_short(value)} of type {type(value).__name__}; expected text."
+        )
 
 
 def _named_params(factory: EnvFactory) -> frozenset[str]:

@@ -313,7 +313,9 @@ class GridWorldEnv:
         config = dict(self.config)
         unknown = set(options or {}) - set(self.option_names)
         if unknown:
-            raise ValueError(f"options {sorted(unknown)} are not grid-world options; expected {self.option_names}.")
+            raise ValueError(
+                f"options {sorted(unknown)} are not grid-world options; expected {self.option_names}."
+            )
         config.update(options or {})
         if seed is not None:
             config["seed"] = seed

@@ -78,18 +78,20 @@ class EnvLease:
 
     async def reset(self, task: Task, rollout: int = 0) -> str:
         """Start an episode of ``task`` (``rollout``: this episode's index among the task's rollouts)."""
-        call = self.env.reset(task, rollout=rollout) if self._takes_rollout else self.env.reset(task)
-        observation = await self._guard("reset", call)
+        kwargs = {"rollout": rollout} if self._takes_rollout else {}
+        observation = await self._guard("reset", self.env.reset, task, **kwargs)
         if not isinstance(observation, str):
             raise self._fail("reset", "env_error", f"returned {_short(observation)}; expected text.")
         return observation
 
     async def step(self, action: str) -> StepResult:
         """Apply ``action``; returns ``(observation, reward, done, info)``."""
-        result = await self._guard("step", self.env.step(action))
-        if not (isinstance(result, tuple) and len(result) == 4):
-            raise self._fail("step", "env_error", f"returned {_short(result)}; expected (observation, reward, done, info).")
-        return result
+        result = await self._guard("step", self.env.step, action)
+        if not (isinstance(result, (tuple, list)) and len(result) == 4):
+            raise self._fail(
+                "step", "env_error", f"returned {_short(result)}; expected (observation, reward, done, info)."
+            )
+        return tuple(result)  # type: ignore[return-value]
 
     def state_hash(self) -> str:
         """The state the next action is taken from (see :meth:`Environment.state_hash`)."""
@@ -99,23 +101,22 @@ class EnvLease:
         except Exception as err:
             raise self._fail("state_hash", "env_error", f"raised {type(err).__name__}: {err}") from err
 
-    async def _guard(self, call: str, pending: Awaitable[Any]) -> Any:
-        if self.failure is not None:
-            if inspect.iscoroutine(pending):
-                pending.close()
-            raise self.failure
-        if not inspect.isawaitable(pending):
-            raise self._fail(call, "env_error", f"returned {_short(pending)}, not an awaitable (make it async def).")
+    async def _guard(self, call: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._check()
         try:
+            pending = method(*args, **kwargs)
+            if not inspect.isawaitable(pending):
+                raise TypeError(f"{call}() returned {_short(pending)}, not an awaitable (make it async def)")
             if self.timeout is None or getattr(self.env, "inline", False):
-                return await pending
-            return await asyncio.wait_for(pending, self.timeout)
-        except (asyncio.TimeoutError, TimeoutError, CallTimeout):
-            raise self._fail(call, "timeout", f"did not return within {self.timeout}s (the env timeout)") from None
-        except EnvFailure:
-            raise
+                return await _own_timeouts(pending)
+            return await asyncio.wait_for(_own_timeouts(pending), self.timeout)
+        except (asyncio.TimeoutError, TimeoutError, CallTimeout):  # only the bound's own (see below)
+            raise self._fail(
+                call, "timeout", f"did not return within {self.timeout}s (the env timeout)"
+            ) from None
         except Exception as err:
-            raise self._fail(call, "env_error", f"raised {type(err).__name__}: {err}") from err
+            cause = err.__cause__ if isinstance(err, _Raised) else err
+            raise self._fail(call, "env_error", f"raised {type(cause).__name__}: {cause}") from cause
 
     def _check(self) -> None:
         if self.failure is not None:
@@ -124,6 +125,17 @@ class EnvLease:
     def _fail(self, call: str, status: str, detail: str) -> EnvFailure:
         self.failure = EnvFailure(_env_name(self.env), call, status, detail)
         return self.failure
+
+
+class _Raised(Exception):
+    """A ``TimeoutError`` the environment raised itself, carried past ``wait_for`` as its cause."""
+
+
+async def _own_timeouts(pending: Awaitable[Any]) -> Any:
+    try:
+        return await pending
+    except (asyncio.TimeoutError, TimeoutError) as err:
+        raise _Raised() from err
 
 
 class EnvPool:
@@ -138,9 +150,15 @@ class EnvPool:
 
     def __init__(self, make: Callable[[], Environment], size: int = 0, timeout: float | None = 60.0) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"pool_size={size!r}; expected an integer >= 0 (0: a new environment per episode).")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"env_timeout={timeout!r}; expected seconds > 0, or None for no bound of its own.")
+            raise ValueError(
+                f"pool_size={size!r}; expected an integer >= 0 (0: a new environment per episode)."
+            )
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+        ):
+            raise ValueError(
+                f"env_timeout={timeout!r}; expected seconds > 0, or None for no bound of its own."
+            )
         self.make = make
         self.size = size
         self.timeout = timeout
@@ -327,4 +345,3 @@ def _env_name(env: Any) -> str:
 
 
 __all__ = ["STATUSES", "EnvFailure", "EnvLease", "EnvPool", "make_env_pool", "resolve_env"]
-
