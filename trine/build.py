@@ -335,12 +335,34 @@ def _teacher(cfg: RunConfig) -> Any:
     return teacher.requires_grad_(False)
 
 
+_AUXILIARY: dict[int, tuple[RunConfig, dict[str, Any]]] = {}
+"""Auxiliary models by stage config (built once per stage, shared by its explorers)."""
+
+
+def _auxiliary(cfg: RunConfig) -> dict[str, Any]:
+    """``explorer.auxiliary_models``: a local model with its own engine, or an OpenAI-compatible client."""
+    if not cfg.explorer.auxiliary_models:
+        return {}
+    if id(cfg) not in _AUXILIARY:
+        from trine.models import load_model, load_tokenizer
+        from trine.models.auxiliary import build_auxiliary
+        from trine.models.loading import resolve_device
+
+        def local(spec: Any) -> Any:
+            model = load_model(spec.path, dtype=spec.dtype, device=resolve_device(cfg.model.device))
+            return registry.resolve("engine", "hf")(model, load_tokenizer(spec.path), seed=cfg.seed)
+
+        _AUXILIARY[id(cfg)] = (cfg, build_auxiliary(cfg.explorer.auxiliary_models, local))
+    return _AUXILIARY[id(cfg)][1]
+
+
 def _explorer(cfg: RunConfig, engine: Any, rollouts: Path | None) -> Any:
     from trine.explorer import Explorer
 
     e = cfg.explorer
     return Explorer(
         engine,
+        auxiliary_models=_auxiliary(cfg),
         timeout=e.timeout,
         max_retries=e.max_retries,
         max_concurrency=e.max_concurrency,

@@ -39,7 +39,7 @@ from pydantic import (
 )
 
 from trine import registry
-from trine.config_checks import algorithm_problems, argument_problems, mode_problems
+from trine.config_checks import algorithm_problems, argument_problems, auxiliary_problems, mode_problems
 from trine.config_format import format_error, section_reference
 from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
     ConfigError,
@@ -270,6 +270,41 @@ class TasksConfig(Section):
         return self
 
 
+class AuxiliaryModelConfig(Section):
+    """A model that workflows and rewards call by name (a judge, a second agent): a local model sampled by
+    its own engine (``path``) or an OpenAI-compatible endpoint (``base_url`` + ``model``)."""
+
+    path: str | None = None
+    """Local directory of a Hugging Face causal LM (sampled by its own ``hf`` engine)."""
+    base_url: str | None = None
+    """OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1`` (vLLM, SGLang, ``trine serve``)."""
+    model: str | None = None
+    """Model name at ``base_url``."""
+    api_key_env: str | None = None
+    """Environment variable holding the endpoint's API key (the key never goes into the config)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype of a local model."""
+    timeout: Positive = 60.0
+    """Seconds one request to it may take."""
+
+    _paths = field_validator("path")(_resolve_path)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AuxiliaryModelConfig:
+        if (self.path is None) == (self.base_url is None):
+            raise ValueError(
+                "an auxiliary model needs exactly one of path (a local model directory) or base_url (an "
+                "OpenAI-compatible endpoint, with model)"
+            )
+        if self.base_url is not None and not self.model:
+            raise ValueError(f"auxiliary model at base_url={self.base_url!r} needs model (its name there)")
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url={self.base_url!r}; expected http(s)://host:port/v1")
+        if self.path is not None and not Path(self.path).exists():
+            raise ValueError(f"auxiliary model path {self.path!r} does not exist")
+        return self
+
+
 class ExplorerConfig(Section):
     timeout: Positive = 600.0
     """Seconds a task's workflow may run before it is cancelled and retried/skipped."""
@@ -310,6 +345,9 @@ class ExplorerConfig(Section):
     instances: Count = 1
     """Explorer processes ``trine run`` starts with ``launch: processes`` (``trine explore
     --explorer-id i --explorers n`` each; they split the tasks without overlap)."""
+    auxiliary_models: dict[str, AuxiliaryModelConfig] = {}
+    """Models that workflows (an ``auxiliary_models`` parameter) and rewards (a ``models`` parameter, e.g.
+    ``llm_judge``) call by name: ``{judge: {path: ...}}`` or ``{judge: {base_url: ..., model: ...}}``."""
     teacher: str | None = None
     """Local model directory of a teacher whose logprobs on the samples are stored for on-policy
     distillation (``algorithm.name: distill``)."""
@@ -612,7 +650,7 @@ class RunConfig(Section):
     def _consistent(self) -> RunConfig:
         if self.tasks.train is None:
             raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
-        problems = mode_problems(self)
+        problems = mode_problems(self) + auxiliary_problems(self)
         if self.mode == "train" and (
             self.sync.sync_offset or self.sync.sync_interval != 1 or self.sync.method is not None
         ):

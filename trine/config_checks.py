@@ -27,19 +27,65 @@ def argument_problems(tasks: TasksConfig, mode: str, algo: Any = None) -> list[s
     for key, ts, extra in tasksets:
         if extra:
             what = f"tasks.{key}.workflow_args with algorithm {algo.name!r}'s rollout arguments {extra}"
+            given = _given("workflow", ts.workflow, "auxiliary_models")
             problems.append(
                 registry.check_arguments(
-                    "workflow", ts.workflow, {**ts.workflow_args, **extra}, what, reward=None
+                    "workflow", ts.workflow, {**ts.workflow_args, **extra}, what, reward=None, **given
                 )
             )
             continue
+        workflow_given = _given("workflow", ts.workflow, "auxiliary_models")
+        reward_given = _given("reward", ts.reward, "models")
         problems += [
             registry.check_arguments(
-                "workflow", ts.workflow, ts.workflow_args, f"{key}.workflow_args", reward=None
+                "workflow",
+                ts.workflow,
+                ts.workflow_args,
+                f"{key}.workflow_args",
+                reward=None,
+                **workflow_given,
             ),
-            registry.check_arguments("reward", ts.reward, ts.reward_args, f"{key}.reward_args", "", None),
+            registry.check_arguments(
+                "reward", ts.reward, ts.reward_args, f"{key}.reward_args", "", None, **reward_given
+            ),
         ]
     return [p for p in problems if p]
+
+
+def _given(kind: str, name: str, param: str) -> dict[str, Any]:
+    """``{param: None}`` when the ``kind`` called ``name`` declares ``param``, which the explorer passes
+    itself (a workflow's ``auxiliary_models``, a reward's ``models``), so the check does not ask for it."""
+    if registry.check(kind, name) is not None:
+        return {}
+    try:
+        return {param: None} if param in inspect.signature(registry.resolve(kind, name)).parameters else {}
+    except (TypeError, ValueError):
+        return {}
+
+
+def auxiliary_problems(cfg: RunConfig) -> list[str]:
+    """Auxiliary models named in ``reward_args`` / ``workflow_args`` (``judge: ...``) that
+    ``explorer.auxiliary_models`` does not define."""
+    known = set(cfg.explorer.auxiliary_models)
+    tasksets = [("train", cfg.tasks.train), *((f"eval.{i}", t) for i, t in enumerate(cfg.tasks.eval))]
+    problems = []
+    for key, ts in tasksets:
+        if ts is None:
+            continue
+        for section, args, kind, name, param in (
+            ("reward_args", ts.reward_args, "reward", ts.reward, "models"),
+            ("workflow_args", ts.workflow_args, "workflow", ts.workflow, "auxiliary_models"),
+        ):
+            if not _given(kind, name, param):
+                continue
+            for arg in ("judge", "model", "partner"):
+                value = args.get(arg)
+                if isinstance(value, str) and value not in known:
+                    problems.append(
+                        f"tasks.{key}.{section}[{arg!r}]={value!r} names no auxiliary model; define it under "
+                        f"explorer.auxiliary_models (defined: {sorted(known) or 'none'})"
+                    )
+    return problems
 
 
 def mode_problems(cfg: RunConfig) -> list[str]:

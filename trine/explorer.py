@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import json
 import logging
 import math
@@ -33,6 +34,7 @@ from typing import Any
 
 from trine import registry
 from trine.blocking import BlockingPool, CallTimeout, use_pool
+from trine.models.auxiliary import AuxiliaryModels
 from trine.models.protocol import RolloutModel
 from trine.types import Experience, Task, new_id
 
@@ -86,6 +88,7 @@ class Explorer:
         blocking_threads: int = 32,
         max_skip_ratio: float = 0.5,
         warn_skip_ratio: float = 0.1,
+        auxiliary_models: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.timeout = timeout
@@ -95,6 +98,8 @@ class Explorer:
         self.rollouts_path = Path(rollouts_path) if rollouts_path else None
         self.loop = asyncio.new_event_loop()
         self._workflows: dict[tuple, Any] = {}
+        self.auxiliary = AuxiliaryModels(auxiliary_models or {}, self.loop)
+        """Models workflows (``auxiliary_models=``) and rewards (``models=``) call by name."""
         self.pool = BlockingPool(blocking_threads, name="trine-blocking")
         self.max_skip_ratio = max_skip_ratio
         self.warn_skip_ratio = warn_skip_ratio
@@ -280,7 +285,8 @@ class Explorer:
                 )
 
     def close(self) -> None:
-        """Close the workflows and the event loop, and let the idle blocking workers exit."""
+        """Close the workflows and the event loop, and let the idle blocking workers exit (auxiliary
+        models belong to the stage: several explorers share them)."""
         if not self.loop.is_closed():
             self.close_workflows()
         self.loop.close()
@@ -366,8 +372,9 @@ class Explorer:
         )
         if key not in self._workflows:
             cls = registry.resolve("workflow", task.workflow)
+            extra = {"auxiliary_models": self.auxiliary} if _takes(cls, "auxiliary_models") else {}
             self._workflows[key] = cls(
-                reward=self._score_fn(task.reward, task.reward_args), **task.workflow_args
+                reward=self._score_fn(task.reward, task.reward_args), **task.workflow_args, **extra
             )
         return self._workflows[key]
 
@@ -376,6 +383,8 @@ class Explorer:
 
         fn = registry.resolve("reward", name)
         timeout, pool = self.reward_timeout, self.pool
+        if _takes(fn, "models"):  # e.g. llm_judge: auxiliary models, called from the reward's thread
+            args = {**args, "models": self.auxiliary}
 
         async def score(response: str, task: Task) -> tuple[float, dict[str, float]]:
             try:
@@ -532,3 +541,11 @@ def _eval_task(task: Task, k: int, temperature: float | None) -> Task:
 
     sampling = task.sampling if temperature is None else task.sampling.replace(temperature=temperature)
     return replace(task, repeat=k, sampling=sampling)
+
+
+def _takes(fn: Any, name: str) -> bool:
+    """Whether ``fn`` (a function or a class) declares a parameter ``name``."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False

@@ -37,6 +37,7 @@ from math import isfinite  # not `import math`: the submodule trine.rewards.math
 from typing import Any
 
 from trine.rewards.basic import exact_match, format_reward, numeric_match
+from trine.rewards.judge import llm_judge
 from trine.rewards.math import math_reward, math_with_format
 from trine.types import Task
 
@@ -46,6 +47,7 @@ REWARDS: dict[str, Callable[..., float | dict[str, float]]] = {
     "math": math_reward,
     "format": format_reward,
     "math_with_format": math_with_format,
+    "llm_judge": llm_judge,
 }
 
 
@@ -108,6 +110,7 @@ __all__ = [
     "evaluate_reward",
     "exact_match",
     "format_reward",
+    "llm_judge",
     "math_reward",
     "math_with_format",
     "numeric_match",

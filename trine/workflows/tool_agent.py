@@ -131,7 +131,7 @@ class ToolAgentWorkflow:
             traj.end("truncated", f"no answer within max_turns={self.max_turns}")
         if not traj.turns:  # nothing to train on: the explorer retries or skips the task with this reason
             raise RuntimeError(f"the episode ended before its first turn: {traj.status}: {traj.reason}")
-        reward, parts = await self.reward(answer, task) if answer is not None else (0.0, {})
+        reward, parts = await self._score(answer, task, traj)
         temperature = params.temperature
         exps = (
             [traj.experience(reward, parts, temperature)]
@@ -143,6 +143,19 @@ class ToolAgentWorkflow:
         if exps:
             exps[-1].info["counters"] = {k: float(v) for k, v in counts.items()}
         return exps
+
+    async def _score(
+        self, answer: str | None, task: Task, traj: Trajectory
+    ) -> tuple[float, dict[str, float]]:
+        """The answer's reward (0 without an answer); a reward that fails or times out is recorded as
+        status ``reward_error`` with its reason (kept out of the loss by ``trainer.train_statuses``)."""
+        if answer is None:
+            return 0.0, {}
+        try:
+            return await self.reward(answer, task)
+        except Exception as err:  # noqa: BLE001 - recorded on the trajectory, not a failed task
+            traj.end("reward_error", f"{type(err).__name__}: {err}"[:500])
+            return 0.0, {}
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         """The opening chat: the system prompt (if any) and the task's question."""
