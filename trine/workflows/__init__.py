@@ -7,12 +7,15 @@
   (``greedy_baseline=True`` adds ReMax's greedy baseline reward).
 - ``step_wise``: an agent in a text environment, one experience per step (``env=...``).
 - ``grid_world``: ``step_wise`` over the built-in grid world (rows from ``grid_world_tasks``).
+- ``multi_turn``: a whole conversation with a text environment, token-in token-out (one experience per
+  episode, or one per turn).
 - ``tool_agent``: multi-turn tool use (Python functions and MCP servers), token-in token-out
   (:mod:`trine.workflows.tool_agent` over :class:`~trine.workflows.trajectory.Trajectory`).
 """
 
 from trine.workflows.base import RolloutModel, ScoreFn, Workflow, completion_experience
 from trine.workflows.envs import ENVIRONMENTS, GridWorld, grid_world_tasks
+from trine.workflows.multi_turn import MultiTurnWorkflow
 from trine.workflows.single_turn import SingleTurnWorkflow
 from trine.workflows.step_wise import GridWorldWorkflow, StepWiseWorkflow
 from trine.workflows.tool_agent import ToolAgentWorkflow
@@ -23,6 +26,7 @@ WORKFLOWS = {
     "step_wise": StepWiseWorkflow,
     "grid_world": GridWorldWorkflow,
     "tool_agent": ToolAgentWorkflow,
+    "multi_turn": MultiTurnWorkflow,
 }
 
 __all__ = [
@@ -30,6 +34,7 @@ __all__ = [
     "WORKFLOWS",
     "GridWorld",
     "GridWorldWorkflow",
+    "MultiTurnWorkflow",
     "RolloutModel",
     "ScoreFn",
     "SingleTurnWorkflow",
