@@ -1,4 +1,5 @@
-"""Regenerate the generated parts of README.md and docs/algorithms.md (config reference, presets, plugin example)."""
+"""Regenerate the generated parts of README.md, docs/algorithms.md (config reference, presets, plugin example)
+and docs/agents.md (its three examples, embedded from examples/)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from trine.algorithms.presets import presets_markdown
 from trine.config import reference_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
+AGENT_EXAMPLES = {
+    "second_look": [("examples/agents/second_look.py", "python")],
+    "tools": [("examples/agents/tools.py", "python"), ("examples/agents/tools.yaml", "yaml")],
+    "tool_use": [("examples/tool_use/config.yaml", "yaml")],
+}
+"""docs/agents.md's examples: (file, language) per marker; each file stays under 80 lines."""
 
 
 def fill(path: Path, name: str, body: str) -> None:
@@ -27,3 +34,6 @@ if __name__ == "__main__":
     fill(ROOT / "docs" / "algorithms.md", "presets", presets_markdown())
     plugin = (ROOT / "examples" / "plugins" / "median_baseline.py").read_text().rstrip("\n")
     fill(ROOT / "docs" / "algorithms.md", "plugin", f"```python\n{plugin}\n```")
+    for name, files in AGENT_EXAMPLES.items():
+        blocks = [f"```{lang}\n# {rel}\n{(ROOT / rel).read_text().rstrip()}\n```" for rel, lang in files]
+        fill(ROOT / "docs" / "agents.md", name, "\n\n".join(blocks))

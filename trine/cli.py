@@ -66,6 +66,42 @@ def validate(
 
 
 @app.command()
+def check(
+    config: Path = typer.Argument(..., help="YAML config file."),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
+    turns: int = typer.Option(3, "--turns", min=1, help="Model turns of each sampled conversation."),
+    seed: int = typer.Option(None, "--seed", help="Sampling seed (default: the config's seed)."),
+    max_tokens: int = typer.Option(48, "--max-tokens", min=1, help="Most tokens sampled per turn."),
+    tolerance: float = typer.Option(
+        None, "--tolerance", help="Largest |engine - trainer| logprob (default: fp32 1e-3, bf16 0.25)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for scripts)."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 on warnings too."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Check the config's model before a long run: chat template round trip, multi-turn token fidelity,
+    action-mask alignment, rollout-engine vs trainer logprobs (plain, top-p, top-k). Exit code: 0 no
+    check failed, 1 a check failed, 2 a bad config."""
+    import json
+
+    from trine.check import print_report, run_checks
+
+    stages = _load(config, overrides or [], plugin)
+    try:
+        report = run_checks(
+            stages[0], turns=turns, seed=seed, max_tokens=max_tokens, tolerance=tolerance, config=str(config)
+        )
+    except ValueError as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), indent=1))
+    else:
+        print_report(report)
+    raise typer.Exit(report.exit_code(strict))
+
+
+@app.command()
 def run(
     config: Path = typer.Argument(..., help="YAML config file."),
     overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),

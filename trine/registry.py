@@ -30,6 +30,7 @@ BUILTINS: dict[str, str] = {
     "engine": "trine.models:ENGINES",
     "scheduler": "trine.tasks:SCHEDULERS",
     "environment": "trine.workflows.envs:ENVIRONMENTS",
+    "tool": "trine.tools:TOOLS",
 }
 
 _extra: dict[str, dict[str, Any]] = {}

@@ -44,8 +44,12 @@ BASE = {
     "tools",
 }
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
-ENTRY_POINTS = {"trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "serve", "studio", "distributed"}
-WIRING = ENTRY_POINTS | {"roles", "streaming", "build", "rundir", "refill", "preflight", "status_report"}
+ENTRY_POINTS = {
+    "trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "check", "serve", "studio", "distributed",
+}  # fmt: skip
+WIRING = ENTRY_POINTS | {
+    "roles", "streaming", "build", "rundir", "refill", "preflight", "status_report", "check_probes",
+}  # fmt: skip
 
 RAY_OWNER = "distributed"
 # Optional extras and libraries too slow for `trine --help`: imported inside functions only.

@@ -28,8 +28,13 @@ from trine.tools.mcp_tools import MCPServer, MCPStartError, MCPTool, MCPTools
 from trine.tools.parsing import format_tool_call, parse_tool_calls, strip_tool_calls
 from trine.tools.toolbox import DEFAULT_MAX_CHARS, ToolBox
 
+TOOLS: dict[str, object] = {}
+"""Built-in tools by name (registry kind ``tool``: none ship built in; register Python functions with
+``@trine.register("tool", "name")`` in a ``--plugin`` file, or give ``"package.module:function"``)."""
+
 __all__ = [
     "DEFAULT_MAX_CHARS",
+    "TOOLS",
     "TOOL_STATUSES",
     "FunctionTool",
     "MCPServer",

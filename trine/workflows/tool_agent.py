@@ -23,6 +23,7 @@ advantages.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import Counter
 from typing import Any, ClassVar, Literal
 
@@ -48,14 +49,18 @@ class ToolAgentWorkflow:
 
     Args:
         reward: the explorer's score function of the final answer.
-        tools: import paths ``"package.module:function"`` of Python functions offered as tools.
+        tools: Python functions offered as tools: names registered as kind ``tool`` (``@trine.register(
+            "tool", "name")`` in a ``--plugin`` file) or import paths ``"package.module:function"``.
         mcp_servers: MCP servers whose tools are offered (dicts of :class:`~trine.tools.MCPServer`
-            fields: ``command``, ``url``, ``env``, ``cwd``, ``prefix``, ...).
+            fields: ``command``, ``url``, ``env``, ``cwd``, ``prefix``, ...). A command starting with
+            ``python`` runs under the Python that runs Trine (its virtual environment).
         tool_timeout: seconds one tool call may take (then an error observation).
         max_turns: model turns per episode (the last one must answer).
         max_tokens: token budget of the whole conversation (None: unbounded).
         turn_timeout: seconds one model turn may take (None: the explorer's task timeout bounds it).
         system_prompt: system message when the task has none.
+        list_tools: render the tools' JSON schemas into the prompt with the chat template's ``tools=``
+            (off: the system prompt describes them, e.g. for a small model with a short context).
         output: ``"trajectory"`` (one experience per rollout) or ``"turns"`` (one per turn).
     """
 
@@ -72,6 +77,7 @@ class ToolAgentWorkflow:
         max_tokens: int | None = None,
         turn_timeout: float | None = None,
         system_prompt: str | None = None,
+        list_tools: bool = True,
         output: Output = "trajectory",
     ) -> None:
         if not isinstance(max_turns, int) or max_turns < 1:
@@ -81,16 +87,19 @@ class ToolAgentWorkflow:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
             raise ValueError(f"max_tokens={max_tokens!r}; expected an integer >= 2 or null.")
         if not tools and not mcp_servers:
-            raise ValueError("tool_agent needs tools: give tools (import paths of functions) or mcp_servers.")
+            raise ValueError(
+                "tool_agent needs tools: give tools (registered names or import paths) or mcp_servers."
+            )
         self.reward = reward
         self.box = ToolBox(
-            [function_tool(registry.import_object(p)) for p in tools or []], timeout=tool_timeout
+            [function_tool(registry.resolve("tool", p)) for p in tools or []], timeout=tool_timeout
         )
-        self.servers = [MCPTools(MCPServer(**spec)) for spec in mcp_servers or []]
+        self.servers = [MCPTools(MCPServer(**_own_python(spec))) for spec in mcp_servers or []]
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
         self.max_turns, self.max_tokens, self.turn_timeout = max_turns, max_tokens, turn_timeout
         self.system_prompt = system_prompt
+        self.list_tools = list_tools
         self.output: Output = output
 
     async def run(self, task: Task, model: RolloutModel) -> list[Experience]:
@@ -101,9 +110,8 @@ class ToolAgentWorkflow:
 
     async def episode(self, task: Task, model: RolloutModel, index: int = 0) -> list[Experience]:
         """One rollout: turns until an answer, the budget, ``max_turns`` or a timeout."""
-        traj = Trajectory(
-            model.tokenizer, self.messages(task), tools=self.box.specs(), max_tokens=self.max_tokens
-        )
+        tools = self.box.specs() if self.list_tools else None
+        traj = Trajectory(model.tokenizer, self.messages(task), tools=tools, max_tokens=self.max_tokens)
         params = task.sampling.replace(n=1)
         answer, counts = None, Counter()
         for turn in range(self.max_turns):
@@ -192,3 +200,11 @@ def _count(results: list[ToolResult]) -> Counter:
         if r.status in key:
             counts[key[r.status]] += 1
     return counts
+
+
+def _own_python(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with a leading ``python`` / ``python3`` of its command replaced by this interpreter."""
+    command = spec.get("command")
+    if isinstance(command, (list, tuple)) and command and command[0] in ("python", "python3"):
+        return {**spec, "command": [sys.executable, *command[1:]]}
+    return spec

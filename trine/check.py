@@ -1,0 +1,256 @@
+"""``trine check CONFIG``: the consistency checks to run before a long agent run.
+
+Users of every RFT framework lose days to a chat template that is not prefix-consistent, to a multi-turn
+conversation that is re-tokenized from its text, to observation tokens that are trained on, or to rollout
+logprobs that are not what the trainer recomputes. ``trine check`` loads the config's model and tokenizer
+(the first stage's, as ``trine run`` loads them) and measures each of these in a few seconds:
+
+1. **Chat template** (:func:`template_rows`): a few chats (system / user / assistant, and one with a tool
+   call, a ``tool`` message and tools listed) render -> tokenize -> decode back to the rendered text; the
+   whole chat tokenized at once equals what a :class:`~trine.workflows.trajectory.Trajectory` builds from
+   its incremental deltas; the template's end-of-turn token is one the engine stops on.
+2. **Multi-turn token fidelity** (:func:`fidelity_row`): a short conversation sampled with the real engine
+   (fixed seed, fixed observation texts) kept token-in token-out, against the same conversation's text
+   re-tokenized as a whole; the first divergence is shown (a WARN: it is what re-tokenizing would get wrong).
+3. **Action-mask alignment** (:func:`mask_row`): every trained token (mask 1) is a sampled one, and no
+   template or observation token is trained; the conversation is printed with the trained tokens highlighted.
+4. **Rollout vs trainer logprobs** (:func:`logprob_rows`), per turn, for plain, top-p and top-k sampling:
+   the engine reports ``log_softmax(logits / T)`` *before* truncation, which is what the trainer recomputes,
+   so the two must agree within a tolerance that depends on the dtype. What the sampler really drew from
+   (the distribution renormalised over the kept tokens) differs from that: the size of the gap is reported.
+
+:func:`run_checks` returns a :class:`CheckReport`; :func:`print_report` prints it (rich table) and
+``CheckReport.as_dict()`` is the ``--json`` output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from trine.check_probes import (
+    CheckRow,
+    Sampled,
+    Segment,
+    fidelity_row,
+    logprob_rows,
+    mask_row,
+    sample_conversations,
+    template_rows,
+)
+from trine.config import RunConfig
+from trine.types import SamplingParams
+
+TOLERANCE: dict[torch.dtype, float] = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 2.5e-1}
+"""Largest ``|engine logprob - trainer logprob|`` accepted on a trained token, by the model's dtype: the
+KV-cached decode and the full forward round differently, more so in 16-bit floats."""
+
+
+@dataclass
+class CheckReport:
+    """Everything ``trine check`` measured."""
+
+    config: str
+    model: str
+    dtype: str
+    device: str
+    seed: int
+    turns: int
+    rows: list[CheckRow]
+    conversation: list[Segment]
+    """The plain-sampling conversation, in mask runs (shown with the trained tokens highlighted)."""
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        """Whether a check failed."""
+        return any(r.result == "FAIL" for r in self.rows)
+
+    def exit_code(self, strict: bool = False) -> int:
+        """1 when a check failed (or, ``strict``, warned), else 0."""
+        bad = ("FAIL", "WARN") if strict else ("FAIL",)
+        return 1 if any(r.result in bad for r in self.rows) else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-able data (``trine check --json``)."""
+        data = asdict(self)
+        data["ok"] = not self.failed
+        return data
+
+
+def run_checks(
+    cfg: RunConfig,
+    *,
+    turns: int = 3,
+    seed: int | None = None,
+    max_tokens: int = 48,
+    tolerance: float | None = None,
+    config: str = "",
+) -> CheckReport:
+    """Load ``cfg``'s model and tokenizer and run every check (see the module docstring).
+
+    Args:
+        cfg: the first stage's config.
+        turns: model turns of each sampled conversation (observations are fixed texts in between).
+        seed: sampling seed (None: ``cfg.seed``).
+        max_tokens: most tokens sampled per turn (also bounded by the train taskset's ``max_tokens``).
+        tolerance: largest accepted |engine - trainer| logprob (None: :data:`TOLERANCE` of the dtype).
+        config: the config's path, for the report's header.
+    """
+    if turns < 1 or max_tokens < 1:
+        raise ValueError(f"turns={turns}, max_tokens={max_tokens}; both must be >= 1 (e.g. --turns 3).")
+    if tolerance is not None and not tolerance > 0:
+        raise ValueError(f"tolerance={tolerance}; expected a number > 0 (e.g. 1e-3).")
+    from trine.build import load_policy
+
+    started = time.perf_counter()
+    seed = cfg.seed if seed is None else seed
+    threads = torch.get_num_threads()
+    if cfg.num_threads:  # as the run does; restored after
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        model, tokenizer = load_policy(cfg)
+        model.eval()
+        opening, sampling = _opening(cfg)
+        rows = template_rows(tokenizer, opening, _stop_ids(model, tokenizer))
+        samples, why = _sample(cfg, model, tokenizer, opening, sampling, turns, seed, max_tokens)
+        conversation: list[Segment] = []
+        if samples:
+            rows.append(fidelity_row(tokenizer, samples[0]))
+            mask, conversation = mask_row(tokenizer, samples[0])
+            rows.append(mask)
+            if tolerance is None:
+                tolerance = TOLERANCE.get(next(model.parameters()).dtype, TOLERANCE[torch.bfloat16])
+            for sample in samples:
+                rows += logprob_rows(model, tokenizer, sample, tolerance)
+        else:
+            for name in ("multi-turn token fidelity", "action-mask alignment", "engine vs trainer logprobs"):
+                rows.append(CheckRow(name, "SKIP", "-", why))
+    finally:
+        torch.set_num_threads(threads)
+    param = next(model.parameters())
+    return CheckReport(
+        config=config,
+        model=cfg.model.path,
+        dtype=str(param.dtype).removeprefix("torch."),
+        device=str(param.device),
+        seed=seed,
+        turns=turns,
+        rows=rows,
+        conversation=conversation,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _opening(cfg: RunConfig) -> tuple[list[dict[str, Any]], SamplingParams]:
+    """The first train task's chat (with its workflow's ``system_prompt`` when the task has none, without a
+    supervised row's answer) and its sampling settings."""
+    from trine.build import build_taskset
+
+    tasks = build_taskset(cfg.tasks.train.model_copy(update={"limit": 1}))
+    if not len(tasks):
+        raise ValueError(
+            f"tasks.train ({cfg.tasks.train.path}) has no usable row; trine check opens its conversation "
+            "with the first one. Check the file and its prompt_key / messages_key."
+        )
+    task = tasks[0]
+    opening = task.messages()
+    system = task.workflow_args.get("system_prompt")  # a multi-turn workflow's own system prompt
+    if isinstance(system, str) and system and not any(m.get("role") == "system" for m in opening):
+        opening.insert(0, {"role": "system", "content": system})
+    while len(opening) > 1 and opening[-1].get("role") == "assistant":
+        opening.pop()
+    return opening, task.sampling
+
+
+def _sample(
+    cfg: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    opening: list[dict[str, Any]],
+    base: SamplingParams,
+    turns: int,
+    seed: int,
+    max_tokens: int,
+) -> tuple[list[Sampled], str]:
+    """The sampled conversations (plain, top-p, top-k) or, when a Trajectory cannot be built with this
+    tokenizer, none and why."""
+    from trine import registry
+
+    engine = registry.resolve("engine", cfg.model.engine)(
+        model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=seed
+    )
+    try:
+        variants = sampling_variants(base, max_tokens)
+        return asyncio.run(sample_conversations(engine, tokenizer, opening, variants, turns, seed)), ""
+    except ValueError as err:  # no (prefix-consistent) chat template: template_rows says more
+        short = str(err) if len(str(err)) <= 100 else str(err)[:100] + "..."
+        return [], f"no multi-turn conversation can be built: {short}"
+    finally:
+        engine.close()
+
+
+def sampling_variants(base: SamplingParams, max_tokens: int) -> list[tuple[str, SamplingParams, bool]]:
+    """``(label, params, configured)``: plain sampling (no truncation), top-p and top-k. Truncation values
+    are the config's when it sets them (``configured``), else 0.9 / 20 to show their effect. A greedy config
+    is sampled at temperature 1 so the sampler's distribution is exercised."""
+    temperature = base.temperature or 1.0
+    plain = base.replace(
+        n=1, max_tokens=min(base.max_tokens, max_tokens), temperature=temperature, top_p=1.0, top_k=0
+    )
+    top_p = base.top_p if base.top_p < 1 else 0.9
+    top_k = base.top_k if base.top_k > 0 else 20
+    return [
+        ("plain", plain, True),
+        (f"top_p={top_p:g}", plain.replace(top_p=top_p), base.top_p < 1),
+        (f"top_k={top_k}", plain.replace(top_k=top_k), base.top_k > 0),
+    ]
+
+
+def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The token ids the built-in engine stops on: the generation config's eos ids and the tokenizer's."""
+    config = getattr(model, "generation_config", None)
+    ids = getattr(config, "eos_token_id", None)
+    found = set([ids] if isinstance(ids, int) else list(ids or []))
+    if tokenizer.eos_token_id is not None:
+        found.add(tokenizer.eos_token_id)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- printing
+_STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "INFO": "cyan", "SKIP": "dim"}
+
+
+def print_report(report: CheckReport, console: Any = None) -> None:
+    """Print the conversation (trained tokens in bold green) and the table of checks."""
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+    console.print(
+        f"trine check {report.config}: model {report.model} ({report.dtype}, {report.device}), "
+        f"{report.turns} turn(s), seed {report.seed}"
+    )
+    if report.conversation:
+        text = Text()
+        for seg in report.conversation:
+            text.append(seg.text, style="bold green" if seg.trained else "dim")
+        title = "sampled conversation: [bold green]trained tokens (action_mask 1)[/], [dim]not trained[/]"
+        console.print(Panel(text, title=title, title_align="left"))
+    table = Table(title="trine check", show_lines=False)
+    for col, ratio in (("check", 3), ("result", 1), ("value", 3), ("detail", 7)):
+        table.add_column(col, overflow="fold", ratio=ratio, no_wrap=col == "result")
+    for row in report.rows:
+        table.add_row(row.check, Text(row.result, style=_STYLE[row.result]), row.value, row.detail)
+    console.print(table)
+    for note in dict.fromkeys(r.note for r in report.rows if r.note):
+        console.print(f"[dim]- {note}[/]")
+    verdict = "FAILED" if report.failed else "OK"
+    style = "bold red" if report.failed else "bold green"
+    console.print(f"[{style}]{verdict}[/] ({report.seconds:.1f}s)")
