@@ -420,6 +420,9 @@ class Explorer:
             else 0.0,
             "time/explore_seconds": seconds,
         }
+        turns = [e.info["turns"] for e in exps if "turns" in e.info and e.info.get("last_step", True)]
+        if turns:  # multi-turn trajectories (one experience each, or the last of their turns)
+            m["explorer/turns_mean"] = statistics.fmean(turns)
         returns = [r for r in rollout_returns(episodes) if r is not None]
         if returns:
             m["explorer/episode_return_mean"] = statistics.fmean(returns)

@@ -7,7 +7,7 @@
   to answer on its own), a few call the calculator and copy its result. Reinforcement learning then finds
   out that calling the tool pays.
 
-Usage: python examples/tool_use/make_data.py [--tool-share 0.2]
+Usage: python examples/tool_use/make_data.py [--tool-share 0.15]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def call(expression: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tool-share", type=float, default=0.2)
+    parser.add_argument("--tool-share", type=float, default=0.15)
     args = parser.parse_args()
     HERE.mkdir(exist_ok=True)
     for name, count, seed in (("train", 2000, 0), ("eval", 64, 1)):
@@ -41,7 +41,7 @@ def main() -> None:
         (HERE / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     rng = random.Random(2)
     rows = []
-    for _ in range(600):
+    for _ in range(1000):
         expression, text, answer = question(rng)
         chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
         if rng.random() < args.tool_share:

@@ -179,3 +179,31 @@ def test_partial_rollout_samples_span_versions_and_keep_their_logprobs(tmp_path,
         assert len(versions) == e.response_length == len(e.logprobs)
         assert versions == sorted(versions) and versions[0] == e.policy_version
         assert e.info["version_spread"] == versions[-1] - versions[0] >= 1
+
+
+def test_multi_taskset_weights_keep_working_in_async(tmp_path, tiny_model_dir):
+    import collections
+    import json
+
+    from trine.buffer.inspect import read_rows
+
+    other = tmp_path / "other.jsonl"
+    other.write_text(
+        "".join(json.dumps({"question": f"{i} * 1 =", "answer": str(i)}) + "\n" for i in range(40))
+    )
+    train = {"name": "add", "weight": 3.0}
+    over = {
+        "tasks": {
+            "total_steps": 6,
+            "train": train,
+            "mix": [{"name": "mul", "path": str(other), "weight": 1.0}],
+        },
+        "buffer": {"storage": "sql", "max_staleness": 2},
+        "explorer": {"oversample": 2.0},
+    }
+    run(load_config(_config(tmp_path, tiny_model_dir, name="mixed", **over)))
+    rows = [r for r in read_metrics(tmp_path / "mixed") if "trainer/loss" in r]
+    assert len(rows) == 6
+    per_taskset = collections.Counter(e.task_id.split("/")[0] for e, _ in read_rows(tmp_path / "mixed"))
+    assert set(per_taskset) == {"add", "mul"}
+    assert per_taskset["add"] > per_taskset["mul"]  # weights 3 : 1 (by tasks drawn, not exactly)

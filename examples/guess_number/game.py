@@ -1,0 +1,38 @@
+"""Higher-or-lower: a multi-turn text game with the Gymnasium API (what any text environment plugs in as).
+
+The secret is drawn from the reset seed; every reply's last number is a guess and the game answers
+"Higher.", "Lower." or "Correct!". Solving it pays 1, each wrong guess costs ``step_penalty``, so fewer
+turns pay more. Registered as the environment ``higher_lower`` when loaded with
+``--plugin examples/guess_number/game.py``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from trine import register
+
+
+@register("environment", "higher_lower")
+class HigherLower:
+    """Guess a number from 1 to ``high``."""
+
+    def __init__(self, high: int = 16, step_penalty: float = 0.05) -> None:
+        self.high, self.step_penalty = high, step_penalty
+        self.secret = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        self.secret = random.Random(seed).randint(1, self.high)
+        return f"Guess a number from 1 to {self.high}.", {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        numbers = re.findall(r"\d+", action)
+        if not numbers:
+            return "Say a number.", -self.step_penalty, False, False, {"success": False}
+        guess = int(numbers[-1])
+        if guess == self.secret:
+            return "Correct!", 1.0, True, False, {"success": True}
+        hint = "Higher." if guess < self.secret else "Lower."
+        return hint, -self.step_penalty, False, False, {"success": False}
