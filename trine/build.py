@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trine import registry
-from trine.config import RunConfig, TasksetConfig, TrainerConfig
+from trine.config import ExplorerConfig, RunConfig, TasksetConfig, TrainerConfig
 from trine.roles import Evaluator, ExpertRows, ExplorerSide, Shaping, Stage, SupervisedSource, TrainerSide
 
 log = logging.getLogger("trine")
@@ -314,7 +314,9 @@ def _worker_of(engine: Any, model: Any) -> Callable[..., Any] | None:
 def _engine(cfg: RunConfig, model: Any, tokenizer: Any, partial_rollout: bool = False) -> Any:
     """The configured rollout engine (``model.engine``) over ``model``."""
     engine_class = registry.resolve("engine", cfg.model.engine)
-    extra = {"partial_rollout": True} if partial_rollout else {}  # explorer.partial_rollout (mode async)
+    extra: dict[str, Any] = {"partial_rollout": True} if partial_rollout else {}  # mode async
+    if cfg.explorer.prefix_cache_tokens != ExplorerConfig().prefix_cache_tokens:
+        extra["prefix_cache_tokens"] = cfg.explorer.prefix_cache_tokens  # checked at validate time
     return engine_class(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed, **extra)
 
 

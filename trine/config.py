@@ -328,6 +328,10 @@ class ExplorerConfig(Section):
     """Log a warning with the skip reasons when one batch skips more than this share of its tasks."""
     max_batch_size: Count = 256
     """Rows the rollout engine samples in one batch."""
+    prefix_cache_tokens: NonNegInt = 32768
+    """Tokens of KV cache the ``hf`` engine keeps from finished rows, so that the next turn of a multi-turn
+    conversation prefills only its new tokens (0: off). On a GPU each token costs ``2 × layers ×
+    kv_heads × head_dim × bytes`` of memory; cleared whenever the weights change."""
     dump_rollouts: bool = False
     """Append every sampled trajectory (text, reward) to ``rollouts.jsonl`` in the run directory."""
     oversample: Annotated[float, Field(ge=1)] = 1.0

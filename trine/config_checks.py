@@ -133,16 +133,21 @@ def _produce_problems(cfg: RunConfig) -> list[str]:
             "explorer.partial_rollout keeps the logprob each token was sampled with and the loss uses it; "
             "trainer.recompute_logprobs=true would replace them: set one of them to false"
         )
-    if e.partial_rollout:
-        try:
-            engine = registry.resolve("engine", cfg.model.engine)
-        except (ValueError, ImportError, AttributeError):
-            engine = None  # reported by the model checks
-        if engine is not None and "partial_rollout" not in inspect.signature(engine).parameters:
-            problems.append(
-                f"explorer.partial_rollout: engine {cfg.model.engine!r} takes no partial_rollout argument "
-                "(it cannot load weights between two tokens); use model.engine: hf or turn it off"
-            )
+    try:
+        engine = registry.resolve("engine", cfg.model.engine)
+    except (ValueError, ImportError, AttributeError):
+        return problems  # reported by the model checks
+    takes = inspect.signature(engine).parameters
+    if e.partial_rollout and "partial_rollout" not in takes:
+        problems.append(
+            f"explorer.partial_rollout: engine {cfg.model.engine!r} takes no partial_rollout argument "
+            "(it cannot load weights between two tokens); use model.engine: hf or turn it off"
+        )
+    if "prefix_cache_tokens" not in takes and "prefix_cache_tokens" in e.model_fields_set:
+        problems.append(
+            f"explorer.prefix_cache_tokens: engine {cfg.model.engine!r} keeps no prefix cache (it takes no "
+            "prefix_cache_tokens argument); remove the setting"
+        )
     return problems
 
 

@@ -19,6 +19,7 @@ import argparse
 import ast
 import math
 import operator
+import re
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -62,6 +63,13 @@ def multiply(a: int | float, b: int | float) -> str:
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression with numbers, + - * / // % ** and parentheses, e.g. (12 + 7) * 3."""
     return format_number(evaluate(expression))
+
+
+@server.tool()
+def check(expression: str, answer: str) -> str:
+    """1 if the last number in ``answer`` equals the value of ``expression``, else 0 (a verifier)."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", answer)
+    return "1" if numbers and float(numbers[-1]) == float(evaluate(expression)) else "0"
 
 
 def evaluate(expression: str) -> int | float:

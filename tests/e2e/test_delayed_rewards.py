@@ -91,6 +91,8 @@ def test_the_example_learns_with_postgresql_and_in_async_mode(how, sft_start, ar
     else:
         over.update(mode="async", launch="thread" if how == "async" else "processes")
         over["buffer"]["max_staleness"] = 1
+    if how == "processes":  # a torch thread each: two processes of two threads overload two cores
+        over["num_threads"] = 1  # the trainer's; `trine explore` ignores it (OMP_NUM_THREADS below)
     eval_set = {
         "name": "addition",
         "path": str(EXAMPLE / "data" / "eval.jsonl"),
@@ -113,7 +115,10 @@ def test_the_example_learns_with_postgresql_and_in_async_mode(how, sft_start, ar
     )
     if how == "processes":  # `trine run` starts `trine train` and `trine explore`
         done = subprocess.run(
-            [sys.executable, "-m", "trine.cli", "run", str(cfg)], capture_output=True, text=True
+            [sys.executable, "-m", "trine.cli", "run", str(cfg)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         assert done.returncode == 0, done.stdout + done.stderr
     else:

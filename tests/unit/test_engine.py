@@ -291,10 +291,11 @@ def test_partial_rollout_goes_on_under_new_weights_loaded_between_two_tokens(par
     sampler.join()
     engine.close()
     completions = [c for cs in out["c"] for c in cs]
-    assert engine.policy_version == 1 and loaded_while_sampling == partial
-    if not partial:
-        assert all(c.token_versions is None for c in completions)  # all sampled before the load
+    assert engine.policy_version == 1
+    if not partial:  # the load waited for the generation: every token from the old weights
+        assert all(c.token_versions is None and c.policy_version == 0 for c in completions)
         return
+    assert loaded_while_sampling  # it returned between two tokens, the generation went on
     pad = tokenizer.pad_token_id
     for c in completions:
         versions = c.token_versions

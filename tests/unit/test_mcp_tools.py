@@ -68,7 +68,7 @@ def calculator(loop):
 
 def test_calculator_over_stdio_lists_schemas_and_computes_exactly(loop, calculator):
     specs = {tool.spec.name: tool.spec for tool in calculator.tools}
-    assert sorted(specs) == ["add", "calculate", "multiply"]
+    assert sorted(specs) == ["add", "calculate", "check", "multiply"]
     assert specs["add"].parameters["required"] == ["a", "b"]
     assert specs["calculate"].parameters["properties"]["expression"] == {"type": "string"}
     box = ToolBox(calculator.tools, timeout=5)

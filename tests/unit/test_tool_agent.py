@@ -195,3 +195,23 @@ def test_tools_of_the_example_mcp_server_are_started_used_and_stopped(tokenizer)
     assert [e.reward for e in exps] == [1.0, 1.0]
     assert "calculate" in tokenizer.decode(exps[0].tokens[: exps[0].prompt_length])  # listed to the model
     assert all(not server.alive for server in wf.servers)
+
+
+def test_a_tool_verifies_the_final_answer_and_is_hidden_from_the_model(tokenizer):
+    pytest.importorskip("mcp", reason="the mcp SDK (extra `agents`) is not installed")
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "12*34"}}</tool_call>'
+    verify = {"tool": "check", "arguments": {"expression": "{row[expression]}", "answer": "{answer}"}}
+    wf = ToolAgentWorkflow(exact, mcp_servers=[{"command": ["python", str(CALCULATOR)]}], verify=verify)
+    task = _task(repeat=1)
+    task.raw = {"expression": "12*34"}
+    (right,) = _run(wf, Scripted(tokenizer, call), task)
+    assert right.reward == 1.0 and right.info["reward_parts"] == {"verified": 1.0}
+    assert "check" not in tokenizer.decode(right.tokens[: right.prompt_length])  # not offered to the model
+    task.raw = {"expression": "12*35"}  # the verifier computes the truth itself: 408 is now wrong
+    wf = ToolAgentWorkflow(exact, mcp_servers=[{"command": ["python", str(CALCULATOR)]}], verify=verify)
+    (wrong,) = _run(wf, Scripted(tokenizer, call), task)
+    assert wrong.reward == 0.0 and wrong.status == "ok"
+    task.raw = {"expression": "12*"}  # the verifier fails: reward_error, kept out of the loss
+    wf = ToolAgentWorkflow(exact, mcp_servers=[{"command": ["python", str(CALCULATOR)]}], verify=verify)
+    (failed,) = _run(wf, Scripted(tokenizer, call), task)
+    assert failed.status == "reward_error" and "verifier 'check' failed" in failed.info["status_reason"]

@@ -17,6 +17,12 @@ runs *between two tokens* instead of after the generation. When it brought new w
 decoding go on under them: their KV cache is recomputed with the new weights over prompt + tokens so far,
 and each token keeps the version and the behaviour logprob it was sampled with
 (``Completion.token_versions``).
+
+**Prefix reuse** (``prefix_cache_tokens``, on by default): the KV cache of every finished row is kept
+(least recently used out, within a token budget; dropped whenever the weights change), and a request whose
+prompt extends a kept sequence — a multi-turn workflow's next turn — prefills only the new tokens
+(:mod:`trine.models.prefix_cache`). Only how the first logits are computed changes (float noise); the
+decode loop and the sampling stream are the same.
 """
 
 from __future__ import annotations
@@ -34,6 +40,15 @@ from torch import Tensor
 
 from trine.models.chat import encode_prompt
 from trine.models.kv_cache import preallocated_cache
+from trine.models.prefix_cache import (
+    Prefill,
+    PrefixCache,
+    left_pad,
+    prefill,
+    row_kv,
+    supports_prefix_reuse,
+    weights_fingerprint,
+)
 from trine.types import Completion, SamplingParams
 
 
@@ -45,7 +60,16 @@ class _Request:
 
 
 class HFEngine:
-    """Rollout engine over a ``transformers`` causal LM (shared with the trainer when colocated)."""
+    """Rollout engine over a ``transformers`` causal LM (shared with the trainer when colocated).
+
+    Args:
+        model, tokenizer: the causal LM and its tokenizer.
+        max_batch_size: most rows (samples) in one sampling loop.
+        seed: seed of the sampling stream.
+        partial_rollout: run :meth:`call` jobs between two tokens (see the module docstring).
+        prefix_cache_tokens: budget, in cached tokens, of the KV kept from finished rows for continuations
+            on the model's device (0: off). Costs per token ``2 * layers * kv_heads * head_dim`` values.
+    """
 
     def __init__(
         self,
@@ -55,6 +79,7 @@ class HFEngine:
         max_batch_size: int = 256,
         seed: int = 0,
         partial_rollout: bool = False,
+        prefix_cache_tokens: int = 32768,
     ) -> None:
         self.model = model
         self.partial_rollout = partial_rollout
@@ -73,6 +98,12 @@ class HFEngine:
         self._decoding = False  # a sampling loop runs (partial rollout: jobs wait in _between)
         self._between: list[tuple[concurrent.futures.Future, Callable[[], Any]]] = []
         self._between_lock = threading.Lock()
+        self.prefix_cache: PrefixCache | None = None
+        """KV of finished sequences kept for continuations (None: off, or the model's cache layout has
+        special layers); see :mod:`trine.models.prefix_cache`."""
+        if prefix_cache_tokens and supports_prefix_reuse(model):
+            self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._prefix_paused = 0  # inside seeded(): no reuse, nothing stored
 
     def _mark_worker(self) -> None:
         self._worker_thread = threading.get_ident()
@@ -191,17 +222,22 @@ class HFEngine:
         def load() -> None:
             self.model.load_state_dict(state_dict)
             self.policy_version = version
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
 
         self.call(load)
 
     @contextlib.contextmanager
     def seeded(self, seed: int) -> Iterator[None]:
-        """Sample from a stream seeded with ``seed`` inside the block; the previous stream resumes after."""
+        """Sample from a stream seeded with ``seed`` inside the block; the previous stream resumes after.
+        Prefix reuse is paused inside (nothing reused or stored), so evaluation is undisturbed."""
         saved = self.generator.get_state()
         self.generator.manual_seed(seed)
+        self._prefix_paused += 1  # evaluation samples exactly as without the prefix cache
         try:
             yield
         finally:
+            self._prefix_paused -= 1
             self.generator.set_state(saved)
 
     def state_dict(self) -> dict[str, Any]:
@@ -218,19 +254,10 @@ class HFEngine:
     def _sample(self, reqs: list[_Request]) -> list[Completion]:
         device = self.model.device
         params = [r.params for r in reqs]
-        ids, mask = _left_pad([r.prompt_ids for r in reqs], self.pad_id, device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = preallocated_cache(self.model, ids.shape[1] + max(p.max_tokens for p in params))
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        first, store = self._prefill(reqs)
+        cache = first.cache
         expand = torch.tensor([u for u, p in enumerate(params) for _ in range(p.n)], device=device)
-        logits = out.logits[:, -1].float()[expand]
+        logits = first.logits[expand]
         if expand.numel() != len(reqs) or bool((expand != torch.arange(len(reqs), device=device)).any()):
             cache.batch_select_indices(expand)
         rows = _RowParams(
@@ -239,9 +266,9 @@ class HFEngine:
             self.eos_ids,
             device,
         )
-        width = ids.shape[1]
-        mask = torch.cat([mask[expand], mask.new_zeros(len(expand), rows.max_new)], dim=-1)  # filled as we go
-        batch = _Batch(rows, mask, pos[expand, -1] + 1)
+        width, mask = first.mask.shape[1], first.mask[expand]
+        mask = torch.cat([mask, mask.new_zeros(len(expand), rows.max_new)], dim=-1)  # filled as we go
+        batch = _Batch(rows, mask, first.next_pos[expand])
         state = _DecodeState(rows.size, rows.max_new, self.pad_id, device)
         for t in range(rows.max_new):
             tok, lp = self._pick(logits, batch)
@@ -251,6 +278,8 @@ class HFEngine:
             ended, stopped = batch.ended(tok, t, state, self.tokenizer)
             if bool(ended.any()):
                 rows_ended = batch.active[ended]
+                if store is not None:
+                    self._keep_prefixes(store, cache, batch, ended, state, width, t)
                 state.length[rows_ended] = t + 1
                 state.stopped[rows_ended] = stopped[ended]
                 batch.alive &= ~ended
@@ -263,9 +292,11 @@ class HFEngine:
                     tok = tok[keep]
             batch.mask[:, width + t] = 1
             version = self.policy_version
-            if self._between and self._run_between() and self.policy_version != version:
-                cache, width, logits = self._reprefill(batch, state, t, rows)  # partial rollout
-                continue
+            if self._between and self._run_between():
+                store = None  # the jobs may have changed the weights: keep no KV from here on
+                if self.policy_version != version:
+                    cache, width, logits = self._reprefill(batch, state, t, rows)  # partial rollout
+                    continue
             out = self.model(
                 input_ids=tok[:, None],
                 attention_mask=batch.mask[:, : width + t + 1],
@@ -285,9 +316,11 @@ class HFEngine:
         arithmetic (``width + t + 1`` = the next token's column) and the logits of the next token."""
         if batch.dead:
             batch.compact()
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # computed with the old weights
         active = batch.active.tolist()
         seqs = [rows.prompts[r] + state.tokens[r, : t + 1].tolist() for r in active]
-        ids, mask = _left_pad(seqs, self.pad_id, self.model.device)
+        ids, mask = left_pad(seqs, self.pad_id, self.model.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         left = rows.max_new - t - 1
         cache = preallocated_cache(self.model, ids.shape[1] + left)
@@ -302,6 +335,30 @@ class HFEngine:
         batch.mask = torch.cat([mask, mask.new_zeros(len(active), left)], dim=-1)
         batch.next_pos = pos[:, -1] + 1
         return cache, ids.shape[1] - t - 1, out.logits[:, -1].float()
+
+    def _prefill(self, reqs: list[_Request]) -> tuple[Prefill, PrefixCache | None]:
+        """Prefill each request's prompt once, from the longest kept prefix it extends (if any); returns it
+        and the prefix cache to keep the rows' KV in when they end (None: prefix reuse off or paused)."""
+        store = self.prefix_cache
+        if store is not None and not self._prefix_paused:
+            store.check((self.policy_version, weights_fingerprint(self.model)))  # empties it on new weights
+            hits = [store.match(r.prompt_ids) for r in reqs]
+        else:
+            store, hits = None, [None] * len(reqs)
+        extra = max(r.params.max_tokens for r in reqs)
+        return prefill(self.model, [r.prompt_ids for r in reqs], hits, self.pad_id, extra), store
+
+    @staticmethod
+    def _keep_prefixes(
+        store: PrefixCache, cache: Any, batch: _Batch, ended: Tensor, state: _DecodeState, width: int, t: int
+    ) -> None:
+        """Store the KV of the rows that end at step ``t``: prompt + sampled tokens ``0..t-1`` (token ``t``
+        was never fed back), the first ``width + t`` columns of the cache where the row's mask is 1."""
+        for i in ended.nonzero().squeeze(-1).tolist():
+            row = int(batch.active[i])
+            tokens = batch.rows.prompts[row] + state.tokens[row, :t].tolist()
+            keys, values = row_kv(cache, i, batch.mask[i, : width + t].bool())
+            store.put(tokens, keys, values)
 
     def _pick(self, logits: Tensor, batch: _Batch) -> tuple[Tensor, Tensor]:
         """Next token per row (greedy rows: argmax) and its logprob under ``logits / temperature``."""
@@ -440,16 +497,6 @@ class _DecodeState:
                 )
             )
         return out
-
-
-def _left_pad(seqs: list[list[int]], pad_id: int, device: Any) -> tuple[Tensor, Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

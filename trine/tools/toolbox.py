@@ -75,6 +75,13 @@ class ToolBox:
                 )
             self._tools[name] = tool
 
+    def remove(self, name: str) -> Tool:
+        """Take the tool called ``name`` out (e.g. a verifier the model must not call); ``KeyError`` naming
+        the tools there are if there is none."""
+        if name not in self._tools:
+            raise KeyError(f"ToolBox: no tool {name!r}; the tools are {self.names}")
+        return self._tools.pop(name)
+
     @property
     def names(self) -> list[str]:
         """The tools' names, in the order they were added."""

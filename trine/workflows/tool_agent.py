@@ -32,6 +32,7 @@ from trine.tools import (
     MCPServer,
     MCPTools,
     ToolBox,
+    ToolCall,
     ToolResult,
     function_tool,
     parse_tool_calls,
@@ -59,6 +60,11 @@ class ToolAgentWorkflow:
         max_tokens: token budget of the whole conversation (None: unbounded).
         turn_timeout: seconds one model turn may take (None: the explorer's task timeout bounds it).
         system_prompt: system message when the task has none.
+        verify: check the final answer by running a tool instead of the task's reward (a tool-verified
+            reward): ``{tool: NAME, arguments: {...}}``, the arguments' strings filled in with
+            ``{answer}`` (the final answer's text), ``{task_answer}`` and ``{row[key]}``; the tool's output
+            is the reward (a number). The verifier is not offered to the model. A verifier that fails or
+            returns no number gives status ``reward_error``.
         list_tools: render the tools' JSON schemas into the prompt with the chat template's ``tools=``
             (off: the system prompt describes them, e.g. for a small model with a short context).
         output: ``"trajectory"`` (one experience per rollout) or ``"turns"`` (one per turn).
@@ -78,6 +84,7 @@ class ToolAgentWorkflow:
         turn_timeout: float | None = None,
         system_prompt: str | None = None,
         list_tools: bool = True,
+        verify: dict[str, Any] | None = None,
         output: Output = "trajectory",
     ) -> None:
         if not isinstance(max_turns, int) or max_turns < 1:
@@ -100,6 +107,10 @@ class ToolAgentWorkflow:
         self.max_turns, self.max_tokens, self.turn_timeout = max_turns, max_tokens, turn_timeout
         self.system_prompt = system_prompt
         self.list_tools = list_tools
+        if verify is not None and (not isinstance(verify, dict) or not isinstance(verify.get("tool"), str)):
+            raise ValueError(f"verify={verify!r}; expected {{tool: NAME, arguments: {{...}}}} naming a tool")
+        self.verify = verify
+        self._verifier: ToolBox | None = None
         self.output: Output = output
 
     async def run(self, task: Task, model: RolloutModel) -> list[Experience]:
@@ -160,10 +171,30 @@ class ToolAgentWorkflow:
         if answer is None:
             return 0.0, {}
         try:
+            if self._verifier is not None:
+                return await self._verified(answer, task)
             return await self.reward(answer, task)
         except Exception as err:  # noqa: BLE001 - recorded on the trajectory, not a failed task
             traj.end("reward_error", f"{type(err).__name__}: {err}"[:500])
             return 0.0, {}
+
+    async def _verified(self, answer: str, task: Task) -> tuple[float, dict[str, float]]:
+        """The verifier tool's verdict on ``answer`` (see ``verify``)."""
+        assert self._verifier is not None and self.verify is not None
+        fields = {"answer": answer, "task_answer": task.answer, "row": task.raw}
+        arguments = {
+            k: v.format(**fields) if isinstance(v, str) else v
+            for k, v in (self.verify.get("arguments") or {}).items()
+        }
+        (result,) = await self._verifier.run([ToolCall("verify", self.verify["tool"], arguments)])
+        if result.status != "ok":
+            raise RuntimeError(f"the verifier {self.verify['tool']!r} failed: {result.content}")
+        try:
+            return float(result.content.strip()), {"verified": float(result.content.strip())}
+        except ValueError:
+            raise ValueError(
+                f"the verifier {self.verify['tool']!r} returned {result.content[:200]!r}, not a number"
+            ) from None
 
     def messages(self, task: Task) -> list[dict[str, str]]:
         """The opening chat: the system prompt (if any) and the task's question."""
@@ -183,6 +214,8 @@ class ToolAgentWorkflow:
             if not self._opened:
                 for server in self.servers:
                     self.box.extend(await server.open())
+                if self.verify is not None:  # the workflow runs it, the model never sees it
+                    self._verifier = ToolBox([self.box.remove(self.verify["tool"])], timeout=self.box.timeout)
                 self._opened = True
 
     async def aclose(self) -> None:
