@@ -7,7 +7,7 @@
   to answer on its own), a few call the calculator and copy its result. Reinforcement learning then finds
   out that calling the tool pays.
 
-Usage: python examples/tool_use/make_data.py [--tool-share 0.15]
+Usage: python examples/tool_use/make_data.py [--tool-share 0.2]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent / "data"
 
 
 def question(rng: random.Random) -> tuple[str, str, str]:
-    a, b = rng.randint(100, 999), rng.randint(10, 99)
+    a, b = rng.randint(11, 99), rng.randint(11, 99)
     return f"{a}*{b}", f"What is {a}*{b}?", str(a * b)
 
 
@@ -32,7 +32,7 @@ def call(expression: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tool-share", type=float, default=0.15)
+    parser.add_argument("--tool-share", type=float, default=0.2)
     args = parser.parse_args()
     HERE.mkdir(exist_ok=True)
     for name, count, seed in (("train", 2000, 0), ("eval", 64, 1)):
