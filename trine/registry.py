@@ -135,10 +135,13 @@ def check_arguments(
         signature.bind(*given, **given_kw, **args)
     except TypeError as err:
         return f"{what} {args!r} do not fit {kind} {name!r}{signature}: {err}; valid: {settable}"
-    for key, named_kind in getattr(fn, "registry_args", {}).items():  # e.g. a workflow's env=
-        problem = check(named_kind, args[key]) if isinstance(args.get(key), str) else None
-        if problem:
-            return f"{what}[{key!r}]: {problem}"
+    for key, named_kind in getattr(fn, "registry_args", {}).items():  # e.g. a workflow's env=, tools=
+        value = args.get(key)
+        names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        for item in names:
+            problem = check(named_kind, item) if isinstance(item, str) else None
+            if problem:
+                return f"{what}[{key!r}]: {problem}"
     return None
 
 

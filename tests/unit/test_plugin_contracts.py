@@ -616,3 +616,52 @@ def environment_contract(c: Contract) -> None:
     assert [e.info["env_state_hash"] for e in experiences] == ["0", "1", "0", "1"]
     assert [e.info["step_reward"] for e in experiences] == [0.0, 1.0, 0.0, 1.0]
     assert all(e.info["episode_return"] == 1.0 and e.info["success"] for e in experiences)
+
+
+@contract("tool")
+def tool_contract(c: Contract) -> None:
+    c.load("""
+        import trine
+
+        @trine.register("tool", "contract_tool")
+        def double(x: int) -> int:
+            \"\"\"Twice a number.
+
+            Args:
+                x: the number
+            \"\"\"
+            return 2 * x
+    """)
+    workflow = [
+        "tasks.train.workflow=tool_agent",
+        "tasks.train.repeat=1",
+        "tasks.train.sampling.max_tokens=64",
+    ]
+    cfg = c.config(*workflow, "tasks.train.workflow_args={tools: [contract_tool]}")
+    c.rejects("contract_tol", *workflow, "tasks.train.workflow_args={tools: [contract_tol]}")
+
+    from trine.models import load_tokenizer
+    from trine.types import Completion
+
+    class CallsTheTool:
+        """A rollout model that calls the tool once, then answers with what it returned."""
+
+        def __init__(self) -> None:
+            self.tokenizer, self.policy_version = load_tokenizer(c.model_dir), 0
+
+        async def generate(self, prompt_ids, params):
+            seen = self.tokenizer.decode(prompt_ids)
+            reply = (
+                f"{seen.rsplit('tool', 1)[1][1:].split('<')[0]}"
+                if "<|im_start|>tool" in seen
+                else ('<tool_call>{"name": "contract_tool", "arguments": {"x": 21}}</tool_call>')
+            )
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            return [Completion(list(prompt_ids), ids, [0.0] * len(ids), reply, "stop")]
+
+        def close(self) -> None:
+            pass
+
+    experiences, metrics = explore(CallsTheTool(), cfg)
+    assert len(experiences) == 2 and metrics["tools/calls"] == 2.0 and "tools/errors" not in metrics
+    assert all(e.info["response"] == "42" and e.info["turns"] == 2 for e in experiences)

@@ -157,6 +157,10 @@ def explore(stages: list[RunConfig], index: int, count: int) -> str:
         return "the trainer already finished this run"
     started, out = time.time(), run_dir / "explorers" / str(index)
     out.mkdir(parents=True, exist_ok=True)
+    if cfg.num_threads:  # as RunDir.open does for the trainer process
+        import torch
+
+        torch.set_num_threads(cfg.num_threads)
     model, tokenizer = build.load_policy(cfg)
     side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count)
     heartbeat = Heartbeat(out, side.batches)

@@ -70,7 +70,8 @@ class ToolAgentWorkflow:
         output: ``"trajectory"`` (one experience per rollout) or ``"turns"`` (one per turn).
     """
 
-    registry_args: ClassVar[dict[str, str]] = {}
+    registry_args: ClassVar[dict[str, str]] = {"tools": "tool"}
+    """Arguments that name entries of another registry kind (``trine validate`` checks them)."""
 
     def __init__(
         self,
@@ -98,9 +99,7 @@ class ToolAgentWorkflow:
                 "tool_agent needs tools: give tools (registered names or import paths) or mcp_servers."
             )
         self.reward = reward
-        self.box = ToolBox(
-            [function_tool(registry.resolve("tool", p)) for p in tools or []], timeout=tool_timeout
-        )
+        self.box = ToolBox([_tool(name) for name in tools or []], timeout=tool_timeout)
         self.servers = [MCPTools(MCPServer(**_own_python(spec))) for spec in mcp_servers or []]
         self._opened = False
         self._open_lock: asyncio.Lock | None = None
@@ -241,3 +240,9 @@ def _own_python(spec: dict[str, Any]) -> dict[str, Any]:
     if isinstance(command, (list, tuple)) and command and command[0] in ("python", "python3"):
         return {**spec, "command": [sys.executable, *command[1:]]}
     return spec
+
+
+def _tool(name: str) -> Any:
+    """The function tool ``name`` names: a registered tool keeps its registered name, a function given by
+    import path its own name."""
+    return function_tool(registry.resolve("tool", name), name=None if ":" in name else name)
