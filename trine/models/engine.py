@@ -39,11 +39,9 @@ import torch
 from torch import Tensor
 
 from trine.models.chat import encode_prompt
-from trine.models.kv_cache import preallocated_cache
 from trine.models.prefix_cache import (
     Prefill,
     PrefixCache,
-    left_pad,
     prefill,
     row_kv,
     supports_prefix_reuse,
@@ -320,21 +318,11 @@ class HFEngine:
             self.prefix_cache.clear()  # computed with the old weights
         active = batch.active.tolist()
         seqs = [rows.prompts[r] + state.tokens[r, : t + 1].tolist() for r in active]
-        ids, mask = left_pad(seqs, self.pad_id, self.model.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
         left = rows.max_new - t - 1
-        cache = preallocated_cache(self.model, ids.shape[1] + left)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        batch.mask = torch.cat([mask, mask.new_zeros(len(active), left)], dim=-1)
-        batch.next_pos = pos[:, -1] + 1
-        return cache, ids.shape[1] - t - 1, out.logits[:, -1].float()
+        fresh = prefill(self.model, seqs, [None] * len(seqs), self.pad_id, left)  # no reuse: new weights
+        batch.mask = torch.cat([fresh.mask, fresh.mask.new_zeros(len(active), left)], dim=-1)
+        batch.next_pos = fresh.next_pos
+        return fresh.cache, fresh.mask.shape[1] - t - 1, fresh.logits
 
     def _prefill(self, reqs: list[_Request]) -> tuple[Prefill, PrefixCache | None]:
         """Prefill each request's prompt once, from the longest kept prefix it extends (if any); returns it
