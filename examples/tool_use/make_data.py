@@ -2,12 +2,13 @@
 
 - ``data/train.jsonl`` / ``data/eval.jsonl``: multiplication questions a tiny model cannot answer in its
   head (a 3-digit by a 2-digit number), with the exact answer.
-- ``data/sft.jsonl``: a short warm-up of whole conversations that teaches the format of both ways of
-  answering: most answer directly (the model cannot compute that, so these are mostly wrong once it has
-  to answer on its own), a few call the calculator and copy its result. Reinforcement learning then finds
-  out that calling the tool pays.
+- ``data/sft_tools.jsonl``: whole conversations that call the calculator and copy its result: the first
+  warm-up teaches the call's format and to copy the expression and the result.
+- ``data/sft_direct.jsonl``: conversations that mostly answer directly (``--tool-share`` of them call the
+  tool): the second warm-up makes the model prefer answering in its head, which it cannot do, so it is
+  rarely right. Reinforcement learning then finds out that calling the tool pays.
 
-Usage: python examples/tool_use/make_data.py [--tool-share 0.2]
+Usage: python examples/tool_use/make_data.py [--tool-share 0.05]
 """
 
 from __future__ import annotations
@@ -32,19 +33,24 @@ def call(expression: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tool-share", type=float, default=0.2)
+    parser.add_argument("--tool-share", type=float, default=0.05)
     args = parser.parse_args()
     HERE.mkdir(exist_ok=True)
     for name, count, seed in (("train", 2000, 0), ("eval", 64, 1)):
         rng = random.Random(seed)
         rows = [dict(zip(("expression", "question", "answer"), question(rng))) for _ in range(count)]
         (HERE / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rng = random.Random(2)
-    rows = []
-    for _ in range(1000):
+    for name, share, seed in (("sft_tools", 1.0, 2), ("sft_direct", args.tool_share, 3)):
+        (HERE / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in conversations(share, seed)))
+
+
+def conversations(tool_share: float, seed: int, count: int = 1000) -> list[dict]:
+    """Warm-up chats: with probability ``tool_share`` a tool call then the copied result, else a direct answer."""
+    rng, rows = random.Random(seed), []
+    for _ in range(count):
         expression, text, answer = question(rng)
         chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-        if rng.random() < args.tool_share:
+        if rng.random() < tool_share:
             chat += [
                 {"role": "assistant", "content": call(expression)},
                 {"role": "tool", "content": answer},
@@ -53,7 +59,7 @@ def main() -> None:
         else:
             chat.append({"role": "assistant", "content": answer})
         rows.append({"messages": chat})
-    (HERE / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
 
 
 if __name__ == "__main__":
