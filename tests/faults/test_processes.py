@@ -8,13 +8,15 @@ import os
 import signal
 import sqlite3
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import write_arithmetic_config
-from tests.faults.test_kill_resume import kill_at_step, lines, trine
+from tests.faults.test_kill_resume import lines, trine
+from trine.trainer.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -54,19 +56,41 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def _freeze_trainer_mid_run(trainer: subprocess.Popen, run_dir: Path, limit: float = 120.0) -> int:
+    """SIGSTOP the trainer once it has trained 3 steps and explorer 0 has put a batch; returns its step.
+    Frozen, it holds its version, so the explorers soon wait on the staleness bound and the run cannot
+    finish behind the test's back (explorer 1 alone can feed every step)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        assert trainer.poll() is None, f"the trainer ended early:\n{trainer.stdout.read()}"
+        steps = [r["step"] for r in _rows(run_dir / "metrics.jsonl") if "trainer/loss" in r]
+        if steps and steps[-1] >= 3 and _rows(run_dir / "explorers" / "0" / "metrics.jsonl"):
+            os.killpg(trainer.pid, signal.SIGSTOP)
+            return max(r["step"] for r in _rows(run_dir / "metrics.jsonl"))
+        time.sleep(0.01)
+    os.killpg(trainer.pid, signal.SIGKILL)
+    raise AssertionError(f"the trainer did not reach step 3 with explorer 0 producing within {limit}s")
+
+
+def _rows(path: Path) -> list[dict]:
+    return lines(path) if path.is_file() else []
+
+
 def test_kill_9_the_trainer_and_an_explorer_then_restart_them(tmp_path, tiny_model_dir):
     config, run_dir = _config(tmp_path, tiny_model_dir), tmp_path / "procs"
     first = _explorer(config, 0)  # before the trainer: it waits for the first published weights
     trainer = trine("train", str(config))
     second = _explorer(config, 1)
-    kill_at_step(first, run_dir / "explorers" / "0" / "metrics.jsonl", 2)
-    _kill(first)
+    frozen_at = _freeze_trainer_mid_run(trainer, run_dir)
+    assert frozen_at < STEPS - 2, frozen_at
+    _kill(first)  # mid-run: generating, or waiting on the frozen trainer's version
     first = _explorer(config, 0)
-    kill_at_step(trainer, run_dir / "metrics.jsonl", 5)  # after the checkpoint of step 4
     _kill(trainer)
+    checkpoint = int(list_checkpoints(run_dir / "checkpoints")[-1].name.removeprefix("step_"))
+    assert frozen_at - 2 <= checkpoint <= frozen_at  # trainer.save_every: 2
     trainer = trine("train", str(config))
     out = _finish(trainer, "the restarted trainer")
-    assert "resuming from step 4" in out
+    assert f"resuming from step {checkpoint}" in out, out
     for i, proc in enumerate((first, second)):
         assert "the trainer's run ended" in _finish(proc, f"explorer {i}")
 
