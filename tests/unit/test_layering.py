@@ -34,9 +34,12 @@ STAGES = {"workflows", "buffer", "trainer", "sync", "tasks", "explorer", "reward
 BASE = {
     "types",
     "config",
+    "config_base",
     "config_checks",
     "config_format",
+    "config_learn",
     "config_overrides",
+    "config_rollout",
     "registry",
     "models",
     "blocking",

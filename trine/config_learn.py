@@ -1,0 +1,266 @@
+"""Config sections of the learning side: the buffer, the algorithm, the trainer, weight sync, evaluation
+and monitoring (re-exported by :mod:`trine.config`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from trine.config_base import (
+    Beta,
+    Count,
+    NonNeg,
+    NonNegInt,
+    Positive,
+    Section,
+    TrajectoryStatus,
+    _check_name,
+)
+from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
+    ConfigError,
+    apply_overrides,
+    load_yaml,
+    merge,
+    shadowed_overrides,
+    shadowed_paths,
+)
+
+
+class BufferConfig(Section):
+    storage: str = "memory"
+    """Storage: ``memory``, ``sql`` (SQLAlchemy: SQLite or PostgreSQL), ``file`` (jsonl log) or ``package.module:Class``."""
+    url: str | None = None
+    """Database URL of the ``sql`` storage (default: ``sqlite:///<run_dir>/buffer.db``; PostgreSQL:
+    ``postgresql+psycopg://user:password@host/db``)."""
+    sampler: Literal["fifo", "priority"] = "fifo"
+    """``fifo``: each experience once, oldest first. ``priority``: replay — fresher, less-used first,
+    each up to ``reuse_limit`` times, not again for ``cooldown`` gets."""
+    reuse_limit: Count = 1
+    """Times an experience may be handed out (priority sampler)."""
+    reuse_decay: NonNeg = 1.0
+    """Priority = policy_version - use_count × reuse_decay."""
+    cooldown: NonNegInt = 0
+    """Gets an experience waits after each use before it is eligible again."""
+    max_staleness: NonNegInt | None = None
+    """Drop (and count) experiences more than this many versions older than the trainer's."""
+    pending_timeout: Positive | None = None
+    """Seconds a pending (reward=None) experience may wait for its reward."""
+    pending_action: Literal["drop", "default"] = "drop"
+    """What happens to pending experiences after ``pending_timeout``: dropped, or given ``default_reward``."""
+    default_reward: float = 0.0
+    """Reward given to timed-out pending experiences with ``pending_action: default``."""
+    whole_groups: bool = False
+    """Hand out a group only once every member has its reward (group advantages need them all)."""
+    storage_args: dict[str, Any] = {}
+    """Extra keyword arguments of the storage class."""
+    operators: list[dict[str, Any]] = []
+    """Operator pipeline applied to explored experiences before they are stored, e.g.
+    ``[{name: invalid_reward}, {name: length, max_length: 512}, {name: diversity, model: path, weight: 0.5}]``."""
+
+    @field_validator("operators")
+    @classmethod
+    def _operators(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for i, spec in enumerate(v):
+            if not isinstance(spec, dict) or "name" not in spec:
+                raise ValueError(f"operators[{i}] must be a mapping with a 'name', got {spec!r}")
+            _check_name("operator", spec["name"])
+        return v
+
+    get_timeout: Positive = 600.0
+    """Seconds the trainer waits for a batch before failing with a clear error."""
+
+    _storage = field_validator("storage")(lambda v: _check_name("storage", v))
+
+    @model_validator(mode="after")
+    def _ignored(self) -> BufferConfig:
+        problems = []
+        if self.sampler == "fifo" and (self.reuse_limit != 1 or self.cooldown or self.reuse_decay != 1.0):
+            problems.append(
+                f"buffer.reuse_limit={self.reuse_limit}, cooldown={self.cooldown} and reuse_decay="
+                f"{self.reuse_decay} only apply to sampler: priority (fifo hands each experience out once); "
+                "set sampler: priority or remove them"
+            )
+        if self.pending_timeout is None and (self.pending_action != "drop" or self.default_reward != 0):
+            problems.append(
+                "buffer.pending_action/default_reward only apply once buffer.pending_timeout is set; "
+                "set pending_timeout (seconds) or remove them"
+            )
+        elif self.pending_action == "drop" and self.default_reward != 0:
+            problems.append(
+                f"buffer.default_reward={self.default_reward} only applies with pending_action: default"
+            )
+        if self.url is not None and self.storage not in ("sql", "sqlite"):
+            problems.append(
+                f"buffer.url only applies to storage: sql (storage is {self.storage!r}); "
+                "pass a plugin storage's arguments in buffer.storage_args"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class AlgorithmConfig(Section):
+    name: str = "grpo"
+    """Preset name (``grpo``, ``sft``, ...) or ``package.module:ALGO``; fields below override it."""
+    advantage: str | None = None
+    """Override the advantage function (name or import path)."""
+    loss: str | None = None
+    """Override the policy loss (name or import path)."""
+    advantage_args: dict[str, Any] | None = None
+    """Extra keyword arguments of the advantage function (merged over the preset's)."""
+    loss_args: dict[str, Any] | None = None
+    """Extra keyword arguments of the loss (e.g. clip_low, clip_high; merged over the preset's)."""
+    loss_agg: (
+        Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
+    ) = None
+    """Loss aggregation; normalized over the whole step, not per micro-batch."""
+    kl_coef: NonNeg | None = None
+    """KL-to-reference loss coefficient (> 0 loads a frozen reference model)."""
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs", "mse"] | None = None
+    """KL estimator for the KL loss."""
+    kl_mode: Literal["loss", "reward"] | None = None
+    """Where the KL to the reference goes: a loss term, or a per-token penalty inside the reward."""
+    kl_target: Positive | None = None
+    """Adaptive KL coefficient: steer towards this KL per token (None: fixed coefficient)."""
+    kl_horizon: Positive | None = None
+    """Adaptive KL horizon in samples."""
+    entropy_coef: NonNeg | None = None
+    """Entropy bonus coefficient."""
+    critic_args: dict[str, Any] | None = None
+    """Arguments of the critic's value loss (e.g. ``clip_eps``), for algorithms with a critic."""
+    dynamic_sampling: bool | None = None
+    """Drop groups whose rewards all agree and draw more tasks until the batch is full (DAPO)."""
+    max_extra_draws: NonNegInt | None = None
+    """Dynamic sampling: at most this many extra task draws per batch."""
+    overlong_buffer: NonNeg | None = None
+    """Overlong reward shaping over the last N tokens before max_tokens (< 1: a fraction of max_tokens; 0: off)."""
+    overlong_penalty: NonNeg | None = None
+    """Overlong reward shaping: the penalty at max_tokens."""
+    expert_ratio: NonNeg | None = None
+    """MIX: expert rows per rollout row (from ``tasks.expert``)."""
+
+    _name = field_validator("name")(lambda v: _check_name("algorithm", v))
+    _adv = field_validator("advantage")(lambda v: _check_name("advantage", v))
+    _loss = field_validator("loss")(lambda v: _check_name("loss", v))
+
+
+class TrainerConfig(Section):
+    lr: Positive = 1e-5
+    """Peak learning rate of AdamW."""
+    weight_decay: NonNeg = 0.0
+    """AdamW weight decay."""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: Positive = 1e-8
+    """AdamW epsilon."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """LR after warmup: constant, or cosine decay to ``min_lr_ratio × lr`` at the last step."""
+    warmup_steps: NonNegInt = 0
+    """Optimizer steps of linear warmup."""
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Final LR as a fraction of lr (cosine)."""
+    grad_clip: NonNeg = 1.0
+    """Max global gradient norm (0 = no clipping)."""
+    micro_batch_tokens: Count = 8192
+    """Padded tokens per micro-batch (forward/backward); sequences are bucketed by length."""
+    mini_batches: Count = 1
+    """Optimizer steps per batch (the batch is split into this many mini-batches)."""
+    update_epochs: Count = 1
+    """Passes over the batch per training step."""
+    recompute_logprobs: bool = False
+    """Recompute old logprobs with the trainer instead of using the rollout engine's."""
+    train_statuses: list[TrajectoryStatus] = ["ok", "truncated"]
+    """Trajectory statuses the loss trains on; experiences with another status (``timeout``,
+    ``env_error``, ``tool_error``, ``reward_error``) stay in the buffer for inspection but out of the
+    loss (``trainer/excluded_status``)."""
+    fused_adamw: bool = False
+    """The policy's AdamW as torch's fused kernel (the default of HF Trainer / TRL): one pass over all
+    parameters, ~4x faster optimizer step on CPU. Off by default because its float rounding differs
+    from the unfused AdamW: runs with it are not bit-comparable with runs without it."""
+    save_every: NonNegInt = 0
+    """Save a checkpoint every N steps (0: only at the end of each stage)."""
+    keep_checkpoints: NonNegInt = 2
+    """Number of most recent checkpoints kept (0: keep all)."""
+    critic_lr: Positive | None = None
+    """Learning rate of the critic (algorithms with a critic, e.g. ppo); None: the policy's lr."""
+    critic_warmup_steps: NonNegInt = 0
+    """Steps during which only the critic is trained (the policy waits for useful values)."""
+    batch_size: Count | None = None
+    """Experiences the trainer takes from the buffer per step. None: one explored batch, whole (what
+    sync mode trains on: ``tasks.batch_size`` tasks × ``repeat``, fewer if tasks were skipped or
+    filtered). A number is for ``mode: async``, where explorer and trainer run at their own pace."""
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_list(cls, v: Any) -> Any:
+        return tuple(v) if isinstance(v, list) else v  # YAML has lists, not tuples
+
+    @model_validator(mode="after")
+    def _schedule(self) -> TrainerConfig:
+        if self.lr_schedule == "constant" and self.min_lr_ratio != 0:
+            raise ValueError(
+                f"trainer.min_lr_ratio={self.min_lr_ratio} only applies to lr_schedule: cosine; "
+                "set lr_schedule: cosine or remove min_lr_ratio"
+            )
+        return self
+
+
+class SyncConfig(Section):
+    sync_interval: Count = 1
+    """Batches explored per weight version (k): weights are pushed to the explorer every k steps."""
+    sync_offset: NonNegInt = 0
+    """Batches the explorer runs ahead of the trainer (m); m > 0 explores from a weight snapshot."""
+    method: Literal["shared", "copy", "published"] | None = None
+    """How weights reach the explorer: ``shared`` (the engine samples the trainer's own weights, no
+    copy), ``copy`` (the engine samples a snapshot, refreshed from in-memory copies every
+    ``sync_interval`` steps) or ``published`` (the trainer publishes each version into
+    ``<run_dir>/weights``, explorer processes load the newest). None: ``published`` with ``launch:
+    processes``, ``shared`` in mode sync with ``sync_offset`` 0, else ``copy`` (``RunConfig.sync_method``,
+    the one place this is decided)."""
+    keep: Count = 2
+    """Published versions kept in ``<run_dir>/weights`` (``published``)."""
+    wait_timeout: Positive | None = 600.0
+    """Seconds a process waits for the other side (an explorer for the trainer's first weights, the
+    trainer for the first experiences) before it stops with an error; None: forever."""
+
+    @model_validator(mode="after")
+    def _method_fits(self) -> SyncConfig:
+        if self.method == "shared" and self.sync_offset > 0:
+            raise ValueError(
+                f"sync.method 'shared' with sync.sync_offset={self.sync_offset}: an explorer that runs "
+                "ahead of the trainer cannot sample the weights the trainer is changing; set "
+                "sync.method: copy (or leave it unset), or sync.sync_offset: 0"
+            )
+        return self
+
+
+class EvalConfig(Section):
+    every: NonNegInt = 0
+    """Evaluate every N training steps (0: only at the start and end of each stage)."""
+    at_start: bool = True
+    """Evaluate before a stage's first step."""
+    greedy: bool = True
+    """Report greedy accuracy (``eval/<name>/accuracy``)."""
+    k: NonNegInt = 8
+    """Samples per task at the taskset's temperature for ``avg@k`` and ``pass@k`` (0: off)."""
+    success_threshold: float = 1.0
+    """A sample counts as correct when its reward is at least this."""
+
+
+class MonitorConfig(Section):
+    sinks: list[str] = ["console", "jsonl", "tensorboard"]
+    """Metric sinks: console, jsonl, tensorboard, wandb, mlflow or ``package.module:Class``."""
+    plot: bool = True
+    """Write PNG curves into ``<run_dir>/plots`` at the end of the run."""
+
+    @field_validator("sinks")
+    @classmethod
+    def _sinks(cls, v: list[str]) -> list[str]:
+        for name in v:
+            _check_name("monitor", name)
+        return v

@@ -1,0 +1,299 @@
+"""Config sections of the rollout side: the model, sampling, tasksets and tasks, auxiliary models, the
+explorer (re-exported by :mod:`trine.config`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from trine.config_base import (
+    Count,
+    NonNeg,
+    NonNegInt,
+    Positive,
+    Section,
+    _check_name,
+    _resolve_path,
+)
+from trine.config_checks import argument_problems
+from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
+    ConfigError,
+    apply_overrides,
+    load_yaml,
+    merge,
+    shadowed_overrides,
+    shadowed_paths,
+)
+
+
+class ModelConfig(Section):
+    path: str = "model"
+    """Local directory of a Hugging Face causal LM (config.json, weights, tokenizer)."""
+    init_preset: str | None = None
+    """If set and ``path`` does not exist, build this tiny model there first (``trine init-model``)."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory when it differs from ``path``."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype: ``auto`` is bfloat16 on GPU and float32 on CPU."""
+    device: str = "auto"
+    """``auto`` (cuda if available, else cpu), ``cpu``, ``cuda``, ``cuda:1``..."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model directory."""
+    engine: str = "hf"
+    """Rollout engine: ``hf`` (batched sampling from the local HF model, CPU or GPU) or
+    ``package.module:Class`` (see ``trine.models.protocol``)."""
+
+    _paths = field_validator("path", "tokenizer_path")(_resolve_path)
+    _preset = field_validator("init_preset")(lambda v: _check_name("model_preset", v))
+    _engine = field_validator("engine")(lambda v: _check_name("engine", v))
+
+    @model_validator(mode="after")
+    def _exists(self) -> ModelConfig:
+        if self.init_preset is None and not Path(self.path).exists():
+            raise ValueError(
+                f"model.path {self.path!r} does not exist. Build a tiny test model with "
+                f"`trine init-model tiny-1m {self.path}` or set model.init_preset to build it automatically."
+            )
+        return self
+
+
+class SamplingConfig(Section):
+    temperature: NonNeg = 1.0
+    """Sampling temperature (0 = greedy). Logprobs are computed at this temperature."""
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling threshold (1 = off)."""
+    top_k: NonNegInt = 0
+    """Top-k truncation (0 = off, the right default for RL)."""
+    max_tokens: Count = 64
+    """Maximum new tokens per response."""
+    stop: list[str] = []
+    """Stop strings."""
+    stop_token_ids: list[NonNegInt] = []
+    """Extra stop token ids besides eos."""
+    seed: NonNegInt | None = None
+    """Per-request seed (None: the engine's seeded generator)."""
+    ignore_eos: bool = False
+    """Generate past eos up to max_tokens (fixed-length sampling for benchmarks)."""
+
+
+class TasksetConfig(Section):
+    path: str
+    """A local .jsonl/.json/.parquet file, a directory of them, or a ``datasets`` save_to_disk directory."""
+    name: str = "train"
+    """Name used in task ids and metric keys (``eval/<name>/accuracy``)."""
+    split: str | None = None
+    """Split of a saved DatasetDict."""
+    prompt_key: str = "question"
+    """Row field holding the prompt text."""
+    answer_key: str | None = "answer"
+    """Row field holding the reference answer (None: no answer)."""
+    messages_key: str | None = None
+    """Row field holding a whole chat (list of {role, content}) instead of prompt_key."""
+    response_key: str | None = None
+    """For supervised (``train`` mode) stages: the field holding the target response (default: the answer)."""
+    chosen_key: str = "chosen"
+    """For preference (DPO) stages: the field holding the preferred response."""
+    rejected_key: str = "rejected"
+    """For preference (DPO) stages: the field holding the dispreferred response."""
+    system_prompt: str | None = None
+    """System message prepended to every prompt."""
+    prompt_template: str | None = None
+    """Python format string filled from the row, e.g. ``"What is {question}?"``."""
+    id_key: str | None = None
+    """Row field holding a stable task id (default: name/row-index)."""
+    workflow: str = "single_turn"
+    """Workflow name or ``package.module:Class``."""
+    workflow_args: dict[str, Any] = {}
+    """Keyword arguments of the workflow."""
+    reward: str = "exact_match"
+    """Reward function name or ``package.module:function``."""
+    reward_args: dict[str, Any] = {}
+    """Keyword arguments of the reward function."""
+    repeat: Count = 8
+    """Group size: rollouts per task."""
+    sampling: SamplingConfig = SamplingConfig()
+    """How responses are sampled for this taskset."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A row missing a mapped field: stop with an error naming file, row and key, or skip and count it."""
+    limit: Count | None = None
+    """Use only the first N rows."""
+    weight: Positive | None = None
+    """Share of each batch when several tasksets are mixed (``tasks.mix``); None: by taskset size."""
+
+    _paths = field_validator("path")(_resolve_path)
+    _workflow = field_validator("workflow")(lambda v: _check_name("workflow", v))
+    _reward = field_validator("reward")(lambda v: _check_name("reward", v))
+
+    @field_validator("path")
+    @classmethod
+    def _exists(cls, v: str) -> str:
+        if not Path(v).exists():
+            raise ValueError(
+                f"taskset file {v!r} does not exist; check the path (relative paths are resolved "
+                "against the config file's directory)."
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> TasksetConfig:
+        if self.messages_key is not None and self.prompt_template is not None:
+            raise ValueError(
+                "messages_key and prompt_template are both set; give one: a chat field, or a template "
+                "for a text prompt"
+            )
+        return self
+
+
+class TasksConfig(Section):
+    train: TasksetConfig | None = None
+    """The taskset explored (RL) or trained on (``train`` mode)."""
+    eval: list[TasksetConfig] = []
+    """Tasksets evaluated every ``eval.every`` steps."""
+    mix: list[TasksetConfig] = []
+    """More tasksets explored alongside ``train``, mixed into each batch by their ``weight``."""
+    selector: Literal["sequential", "shuffle", "random", "easy_to_hard"] | None = None
+    """Order within a taskset (None: ``shuffle`` decides between shuffle and sequential)."""
+    difficulty_key: str | None = None
+    """Row field holding a difficulty score, for ``selector: easy_to_hard``."""
+    descending: bool = False
+    """``easy_to_hard`` ordered hard to easy instead."""
+    curriculum: dict[str, Any] | None = None
+    """Online curriculum (a simplified BOTS): pick tasks whose estimated pass rate is near
+    ``target_pass_rate`` (also ``prior_pass_rate``, ``prior_strength``, ``forgetting``); ``{}`` for defaults."""
+    expert: TasksetConfig | None = None
+    """Expert (supervised) rows mixed into RL batches by the ``mix`` algorithm (prompt + answer/response)."""
+    batch_size: Count = 8
+    """Tasks per explorer batch (each yields ``repeat`` experiences); one batch per training step."""
+    total_steps: Count | None = None
+    """Training steps of this stage; None: as many as ``epochs`` passes over the taskset allow."""
+    epochs: Count | None = None
+    """Passes over the taskset; None with total_steps set: repeat as needed."""
+    shuffle: bool = True
+    """Shuffle the taskset every epoch (seeded)."""
+
+    @model_validator(mode="after")
+    def _length(self, info: ValidationInfo) -> TasksConfig:
+        if self.total_steps is None and self.epochs is None:
+            raise ValueError("set tasks.total_steps or tasks.epochs so the stage knows when to stop")
+        problems = []
+        if self.total_steps is not None and self.epochs is not None:
+            problems.append(
+                f"tasks.total_steps={self.total_steps} and tasks.epochs={self.epochs} are both set, but "
+                "total_steps alone decides the length (epochs would be ignored); keep one (in a stage "
+                "that inherits the other from the top level, set it to null)"
+            )
+        if self.selector != "easy_to_hard" and (self.difficulty_key is not None or self.descending):
+            problems.append(
+                f"tasks.difficulty_key/descending only apply to selector: easy_to_hard "
+                f"(selector is {self.selector!r}); set the selector or remove them"
+            )
+        if self.selector == "easy_to_hard" and self.difficulty_key is None:
+            problems.append(
+                "tasks.selector: easy_to_hard needs tasks.difficulty_key, the row field to sort by"
+            )
+        mode = (info.context or {}).get("mode", "sync")
+        problems += argument_problems(self, mode)
+        if self.curriculum is not None and self.selector not in (None, "shuffle"):
+            problems.append(
+                f"tasks.curriculum picks tasks online, so tasks.selector={self.selector!r} would be ignored; "
+                "drop one of the two"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class AuxiliaryModelConfig(Section):
+    """A model that workflows and rewards call by name (a judge, a second agent): a local model sampled by
+    its own engine (``path``) or an OpenAI-compatible endpoint (``base_url`` + ``model``)."""
+
+    path: str | None = None
+    """Local directory of a Hugging Face causal LM (sampled by its own ``hf`` engine)."""
+    base_url: str | None = None
+    """OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1`` (vLLM, SGLang, ``trine serve``)."""
+    model: str | None = None
+    """Model name at ``base_url``."""
+    api_key_env: str | None = None
+    """Environment variable holding the endpoint's API key (the key never goes into the config)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype of a local model."""
+    timeout: Positive = 60.0
+    """Seconds one request to it may take."""
+
+    _paths = field_validator("path")(_resolve_path)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AuxiliaryModelConfig:
+        if (self.path is None) == (self.base_url is None):
+            raise ValueError(
+                "an auxiliary model needs exactly one of path (a local model directory) or base_url (an "
+                "OpenAI-compatible endpoint, with model)"
+            )
+        if self.base_url is not None and not self.model:
+            raise ValueError(f"auxiliary model at base_url={self.base_url!r} needs model (its name there)")
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url={self.base_url!r}; expected http(s)://host:port/v1")
+        if self.path is not None and not Path(self.path).exists():
+            raise ValueError(f"auxiliary model path {self.path!r} does not exist")
+        return self
+
+
+class ExplorerConfig(Section):
+    timeout: Positive = 600.0
+    """Seconds a task's workflow may run before it is cancelled and retried/skipped."""
+    max_retries: NonNegInt = 1
+    """Retries of a task whose workflow raised, timed out or returned nothing."""
+    max_concurrency: Count = 256
+    """Tasks running at once."""
+    reward_timeout: Positive = 30.0
+    """Seconds one reward call may take once it has started; after that the task is skipped
+    (``explorer/reward_timeouts``, ``explorer/skipped_reward_timeout``) and the call's thread is
+    abandoned and replaced by a fresh one."""
+    blocking_threads: Annotated[int, Field(ge=1, le=1024)] = 32
+    """Most blocking calls (reward functions, environment construction/reset/step) that run at once,
+    each in its own worker thread. A call abandoned by a timeout keeps its thread until it returns
+    (counted in ``explorer/stuck_threads``) and a fresh worker takes its place."""
+    max_skip_ratio: Annotated[float, Field(ge=0, le=1)] = 0.5
+    """Stop the run with an error naming the skip reasons when more than this share of the tasks of
+    the last 10 training batches of the stage (all of them, early on) were skipped; evaluation is
+    not counted. 1.0 turns the check off."""
+    warn_skip_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """Log a warning with the skip reasons when one batch skips more than this share of its tasks."""
+    max_batch_size: Count = 256
+    """Rows the rollout engine samples in one batch."""
+    prefix_cache_tokens: NonNegInt = 32768
+    """Tokens of KV cache the ``hf`` engine keeps from finished rows, so that the next turn of a multi-turn
+    conversation prefills only its new tokens (0: off). On a GPU each token costs ``2 × layers ×
+    kv_heads × head_dim × bytes`` of memory; cleared whenever the weights change."""
+    dump_rollouts: bool = False
+    """Append every sampled trajectory (text, reward) to ``rollouts.jsonl`` in the run directory."""
+    oversample: Annotated[float, Field(ge=1)] = 1.0
+    """Mode async: tasks kept in flight per batch (× ``tasks.batch_size``); a batch is the first
+    ``tasks.batch_size`` of them to finish, the slower ones carry over to later batches."""
+    tail_seconds: Positive | None = None
+    """Mode async (tail batch): a task that has run longer than this stops counting as in flight, so
+    another starts in its place and batches go on without it; it joins a later batch when it ends
+    (``explorer/tail_deferred``). None: a task holds its place until it ends."""
+    partial_rollout: bool = False
+    """Mode async: load new weights as soon as the trainer pushes them, between two tokens of running
+    generations, which go on under the new weights; every token keeps the version and behaviour
+    logprob it was sampled with (``info["token_versions"]``; the loss uses those logprobs). Off: new
+    weights are loaded between generations."""
+    instances: Count = 1
+    """Explorer processes ``trine run`` starts with ``launch: processes`` (``trine explore
+    --explorer-id i --explorers n`` each; they split the tasks without overlap)."""
+    auxiliary_models: dict[str, AuxiliaryModelConfig] = {}
+    """Models that workflows (an ``auxiliary_models`` parameter) and rewards (a ``models`` parameter, e.g.
+    ``llm_judge``) call by name: ``{judge: {path: ...}}`` or ``{judge: {base_url: ..., model: ...}}``."""
+    teacher: str | None = None
+    """Local model directory of a teacher whose logprobs on the samples are stored for on-policy
+    distillation (``algorithm.name: distill``)."""
+
+    _teacher = field_validator("teacher")(_resolve_path)
