@@ -253,9 +253,10 @@ class ExplorerConfig(Section):
     max_concurrency: Count = 256
     """Tasks running at once."""
     reward_timeout: Positive = 30.0
-    """Seconds one reward call may take once it has started; after that the task is skipped
-    (``explorer/reward_timeouts``, ``explorer/skipped_reward_timeout``) and the call's thread is
-    abandoned and replaced by a fresh one."""
+    """Seconds one reward call may take once it has started; after that the call's thread is abandoned
+    and replaced by a fresh one (``explorer/reward_timeouts``) and the call fails: the built-in
+    workflows mark that answer ``reward_error`` (kept out of the loss), a workflow that lets it
+    propagate has its task skipped (``explorer/skipped_reward_timeout``)."""
     blocking_threads: Annotated[int, Field(ge=1, le=1024)] = 32
     """Most blocking calls (reward functions, environment construction/reset/step) that run at once,
     each in its own worker thread. A call abandoned by a timeout keeps its thread until it returns

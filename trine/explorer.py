@@ -400,7 +400,7 @@ class Explorer:
         return score
 
     def _metrics(self, exps: list[Experience], outcomes: list, seconds: float) -> dict[str, float]:
-        rewards = [float(e.reward) for e in exps if e.reward is not None]
+        rewards = [float(e.reward) for e in exps if e.reward is not None and e.status != "reward_error"]
         lengths = [e.response_length for e in exps]
         reasons = [r for _, _, r in outcomes if r]
         episodes = [e for e in exps if e.info.get("last_step")]
@@ -429,6 +429,8 @@ class Explorer:
             m["explorer/episode_length_mean"] = statistics.fmean(e.step + 1 for e in episodes)
         for reason in set(reasons):
             m[f"explorer/skipped_{reason}"] = float(reasons.count(reason))
+        statuses = Counter(e.status for e in exps if e.status != "ok")  # e.g. reward_error, truncated
+        m.update({f"explorer/status_{k}": float(v) for k, v in sorted(statuses.items())})
         counters: Counter = Counter()  # workflow counters, e.g. tools/calls (info["counters"])
         for e in exps:
             counters.update(e.info.get("counters") or {})

@@ -184,8 +184,9 @@ def test_every_kind_of_fault_costs_only_its_own_task(fault_config, plugin):
 
 
 def test_rewards_hanging_in_more_threads_than_the_pool_has_do_not_starve_later_steps(fault_config, plugin):
-    """A reward sleeps forever on its first 6 calls (3x the pool's 2 threads), then returns 1.0: the
-    stuck workers are replaced, the next step gets every experience, and ``trine run`` still exits."""
+    """A reward sleeps forever on its first 6 calls (3x the pool's 2 threads), then returns 1.0: those 6
+    answers get status reward_error, the stuck workers are replaced, the next step gets every
+    experience, and ``trine run`` still exits."""
     config = fault_config(
         {
             "tasks": {"train": {"reward": "hang_first_six"}},
@@ -199,7 +200,8 @@ def test_rewards_hanging_in_more_threads_than_the_pool_has_do_not_starve_later_s
     assert status(run_dir)["state"] == "finished"
     first, second = step_metrics(run_dir)
     assert first["explorer/reward_timeouts"] == 6.0
-    assert 3 <= first["explorer/skipped_reward_timeout"] <= 6
+    assert first["explorer/status_reward_error"] == 6.0  # their answers are kept, marked, not trained
+    assert first["trainer/excluded_status"] == 6.0
     assert first["explorer/stuck_threads"] == 6.0
     # before: 0 experiences (every reward call queued behind the stuck threads and timed out)
     assert second["explorer/experiences"] == 16.0 and second["explorer/reward_timeouts"] == 0.0

@@ -349,9 +349,10 @@ def test_rewards_that_hang_in_more_threads_than_the_pool_has_do_not_starve_later
                     task(f"h{step}-{i}", reward=f"{__name__}:hang_first_six", repeat=2) for i in range(4)
                 ]
                 experiences, metrics = explorer.explore(tasks, batch_index=step, version=0)
-                per_step.append((len(experiences), metrics["explorer/reward_timeouts"]))
-        assert per_step[0][1] == 6.0 and per_step[0][0] <= 2  # the 6 hung calls cost their 3 tasks
-        assert per_step[1:] == [(8, 0.0), (8, 0.0)]  # fresh workers replaced the 6 stuck ones
+                failed = sum(e.status == "reward_error" for e in experiences)
+                per_step.append((len(experiences), failed, metrics["explorer/reward_timeouts"]))
+        assert per_step[0] == (8, 6, 6.0)  # the 6 hung calls cost their own answers: status reward_error
+        assert per_step[1:] == [(8, 0, 0.0), (8, 0, 0.0)]  # fresh workers replaced the 6 stuck ones
         assert metrics["explorer/stuck_threads"] == 6.0 and explorer.pool.abandoned == 6
         assert "worker threads of trine-blocking are stuck" in caplog.text  # 6 >= 4 workers
     finally:
@@ -362,15 +363,21 @@ def test_rewards_that_hang_in_more_threads_than_the_pool_has_do_not_starve_later
 def test_reward_timeouts_are_counted_and_named_apart_from_workflow_timeouts(engine, caplog):
     explorer = Explorer(engine, timeout=10.0, max_retries=0, reward_timeout=0.3, max_skip_ratio=1.0)
     start = time.monotonic()
-    with caplog.at_level("WARNING", logger="trine.explorer"):
+    with caplog.at_level("WARNING"):
         experiences, metrics = explorer.explore(
             [task("slow", reward=f"{__name__}:slow_reward", repeat=2), task("ok")], batch_index=0, version=0
         )
     explorer.close()
     assert time.monotonic() - start < 1.4  # the 1.5 s reward calls were not waited for
-    assert [e.task_id for e in experiences] == ["ok", "ok"]
-    assert metrics["explorer/reward_timeouts"] == 2.0
-    assert metrics["explorer/skipped_reward_timeout"] == 1.0 and "explorer/skipped_timeout" not in metrics
+    assert [(e.task_id, e.status) for e in experiences] == [
+        ("slow", "reward_error"),
+        ("slow", "reward_error"),
+        ("ok", "ok"),
+        ("ok", "ok"),
+    ]  # a failed reward costs its own answer: kept, marked, out of the loss (trainer.train_statuses)
+    assert "did not return within explorer.reward_timeout=0.3s" in experiences[0].info["reward_error"]
+    assert metrics["explorer/reward_timeouts"] == 2.0 and metrics["explorer/status_reward_error"] == 2.0
+    assert metrics["explorer/skipped"] == 0.0 and "explorer/skipped_timeout" not in metrics
     assert (
         f"reward '{__name__}:slow_reward' did not return within explorer.reward_timeout=0.3s" in caplog.text
     )

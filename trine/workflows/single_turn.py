@@ -9,14 +9,22 @@ With ``defer_reward=True`` the reward function is not called: experiences come b
 ``reward=None`` (pending in the buffer) and carry what an external judge needs (``info["response"]``,
 ``info["answer"]``, ``info["task_id"]``); rewards arrive later through ``Buffer.set_rewards`` or
 ``trine buffer reward RUN_DIR FILE``.
+
+A reward call that raises or passes ``explorer.reward_timeout`` costs its own answer only: that
+experience gets status ``reward_error`` (reward 0.0, the reason in ``info["reward_error"]``), is stored
+for inspection and kept out of the loss by ``trainer.train_statuses``; the group's other answers train.
+With ``greedy_baseline`` a failed baseline reward fails the task (there is no baseline to train with).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from trine.types import Experience, Task
 from trine.workflows.base import RolloutModel, ScoreFn, completion_experience
+
+log = logging.getLogger(__name__)
 
 
 class SingleTurnWorkflow:
@@ -44,11 +52,21 @@ class SingleTurnWorkflow:
         completions = await model.chat(task.messages(), params)
         if self.defer_reward:
             return [_pending(c, task, params.temperature) for c in completions]
-        scores = await asyncio.gather(*(self.reward(c.text, task) for c in completions))
+        scores = await asyncio.gather(*(self._score(c.text, task) for c in completions))
         return [
-            completion_experience(c, reward, parts, params.temperature)
-            for c, (reward, parts) in zip(completions, scores)
+            _marked(completion_experience(c, reward, parts, params.temperature), error)
+            for c, (reward, parts, error) in zip(completions, scores)
         ]
+
+    async def _score(self, text: str, task: Task) -> tuple[float, dict[str, float], str | None]:
+        """(reward, parts, None), or (0.0, {}, why) when the reward raised or timed out."""
+        try:
+            reward, parts = await self.reward(text, task)
+        except Exception as err:  # noqa: BLE001 - recorded as the answer's status, not a failed task
+            why = f"{type(err).__name__}: {err}"[:500]
+            log.warning("task %s: an answer's reward failed (status reward_error): %s", task.task_id, why)
+            return 0.0, {}, why
+        return reward, parts, None
 
     async def _run_with_baseline(self, task: Task, model: RolloutModel) -> list[Experience]:
         params = task.sampling.replace(n=task.repeat)
@@ -57,16 +75,24 @@ class SingleTurnWorkflow:
         completions, greedy_completions = await asyncio.gather(
             model.chat(messages, params), model.chat(messages, greedy)
         )
-        texts = [c.text for c in completions] + [greedy_completions[0].text]
-        scores = await asyncio.gather(*(self.reward(text, task) for text in texts))
-        baseline = float(scores[-1][0])
+        greedy_score, *scores = await asyncio.gather(
+            self.reward(greedy_completions[0].text, task), *(self._score(c.text, task) for c in completions)
+        )
+        baseline = float(greedy_score[0])
         out = []
-        for c, (reward, parts) in zip(completions, scores):
-            exp = completion_experience(c, reward, parts, params.temperature)
+        for c, (reward, parts, error) in zip(completions, scores):
+            exp = _marked(completion_experience(c, reward, parts, params.temperature), error)
             exp.info["baseline_reward"] = baseline
             exp.info["baseline_response"] = greedy_completions[0].text
             out.append(exp)
         return out
+
+
+def _marked(exp: Experience, error: str | None) -> Experience:
+    if error is not None:
+        exp.status = "reward_error"
+        exp.info["reward_error"] = error
+    return exp
 
 
 def _pending(completion, task: Task, temperature: float) -> Experience:
