@@ -72,6 +72,7 @@ from trine.config_rollout import (  # noqa: F401
     TasksConfig,
     TasksetConfig,
 )
+from trine.config_serve import ServeConfig  # noqa: F401
 
 
 class RunConfig(Section):
@@ -116,6 +117,8 @@ class RunConfig(Section):
     """Evaluation on ``tasks.eval``."""
     monitor: MonitorConfig = MonitorConfig()
     """Metric sinks and plots (``trine.monitor``)."""
+    serve: ServeConfig = ServeConfig()
+    """The OpenAI-compatible server of ``trine serve`` (``trine.serve``)."""
     stages: list[dict[str, Any]] = []
     """Stages run in order, each a partial config (with a ``stage`` name) merged over the top-level
     settings and starting from the previous stage's weights (e.g. an SFT warm-up then GRPO)."""

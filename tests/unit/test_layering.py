@@ -40,6 +40,7 @@ BASE = {
     "config_learn",
     "config_overrides",
     "config_rollout",
+    "config_serve",
     "registry",
     "models",
     "blocking",
