@@ -155,6 +155,19 @@ def build_explorer_process(
     return side
 
 
+def build_server(
+    cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, index: int = 0
+) -> tuple[Any, Any, Any]:
+    """What ``trine serve`` wires (:mod:`trine.modes.serve`): the rollout engine, the session store
+    writing into the run's SQL buffer, and the weights the trainer publishes."""
+    from trine.serve.sessions import SessionStore
+    from trine.sync import PublishedWeights
+
+    engine = _engine(cfg, model, tokenizer)
+    store = SessionStore(build_buffer(cfg, run_dir), tokenizer, session_timeout=cfg.serve.session_timeout)
+    return engine, store, PublishedWeights(run_dir / "weights", keep=cfg.sync.keep)
+
+
 def _scheduler(cfg: RunConfig, algorithm: Any) -> Any:
     train_set = build_taskset(cfg.tasks.train, extra_workflow_args=algorithm.rollout_args)
     if train_set.skipped_rows:

@@ -155,6 +155,25 @@ def explore(
     typer.echo(f"explorer {explorer_id}: done ({why})")
 
 
+@app.command()
+def serve(
+    config: Path = typer.Argument(..., help="YAML config file (mode: async, a SQL buffer; section serve:)."),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
+    host: str = typer.Option(None, "--host", help="Address to listen on (default: serve.host, 127.0.0.1)."),
+    port: int = typer.Option(None, "--port", help="Port (default: serve.port; 0 picks a free one)."),
+    server_id: int = typer.Option(0, "--server-id", help="This server's index when several serve one run."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """An OpenAI-compatible server in front of the rollout model: every call becomes experience in the
+    run's buffer, rewards arrive by POST /v1/feedback, and `trine train` on the same config trains on them
+    while the server picks up its new weights."""
+    stages = _load(config, overrides or [], plugin)
+    from trine.modes.serve import serve as serve_mode
+
+    why = _guarded(lambda: _process_input(lambda: serve_mode(stages, host=host, port=port, index=server_id)))
+    typer.echo(f"server {server_id}: done ({why})")
+
+
 def _replay(stages: list[Any], source: Path) -> dict[str, Any]:
     """``trine train --replay``: a run that cannot be replayed exits 2 with the message."""
     from trine.modes.replay import ReplayError, replay

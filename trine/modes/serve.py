@@ -1,0 +1,178 @@
+"""Mode ``serve``: ``trine serve CONFIG`` puts the rollout model behind an OpenAI-compatible API (:mod:`trine.serve`).
+
+A server is an explorer whose tasks come from outside: black-box agents call it over HTTP. It runs on the
+run directory of an async run, like ``trine explore``: every call becomes experience in the run's SQL
+buffer (rewards pending until ``POST /v1/feedback``), a ``trine train`` process on the same config trains
+on them and publishes new weights into ``<run_dir>/weights``, and the server loads each newer version
+between two generations (:class:`WeightsWatcher`) — requests in flight wait for the load, none fails.
+
+Several servers (``--server-id i --servers n``, each on its own port) reload one at a time: a server
+takes ``<run_dir>/weights/reload.lock`` for its load, so while one loads the others answer (the
+"always one server ready" of the issue; :mod:`benchmarks.serve` measures it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trine.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class WeightsWatcher:
+    """Polls the published weights every ``poll`` seconds and loads a newer version into ``engine``
+    (one server at a time across the run, see the module docstring). ``loads`` counts the versions
+    loaded, ``load_seconds`` their total time."""
+
+    def __init__(self, sync: Any, engine: Any, run_dir: Path, poll: float) -> None:
+        self.sync, self.engine, self.poll = sync, engine, poll
+        self.lock_path = run_dir / "weights" / "reload.lock"
+        self.stop = threading.Event()
+        self.loads, self.load_seconds = 0, 0.0
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="trine-serve-weights", daemon=True)
+
+    def start(self) -> WeightsWatcher:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sync.close()  # ends a pull that waits
+        self._thread.join(timeout=30)
+
+    def check(self) -> bool:
+        """Load the newest published version if it is newer than the engine's; True if one was loaded."""
+        latest = self.sync.latest()
+        if latest is None or latest <= self.engine.policy_version:
+            return False
+        with self._turn():
+            start = time.monotonic()
+            self.sync.pull(self.engine, latest)
+            self.loads += 1
+            self.load_seconds += time.monotonic() - start
+        log.info("serving weights version %d (loaded in %.2fs)", latest, time.monotonic() - start)
+        return True
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock_path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # one server of the run reloads at a time
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.poll):
+            try:
+                self.check()
+            except TimeoutError:  # closed while waiting
+                return
+            except Exception as err:  # noqa: BLE001 - keep serving the weights it has; say why
+                self.error = f"{type(err).__name__}: {err}"
+                log.warning(
+                    "could not load new weights (still serving version %s): %s",
+                    self.engine.policy_version,
+                    self.error,
+                )
+
+
+def settings_of(cfg: RunConfig, max_context: int | None) -> Any:
+    """The :class:`~trine.serve.schemas.ServeSettings` of ``cfg.serve`` (the token read from its
+    environment variable; the prompt limit defaults to the context length left after ``max_tokens``)."""
+    from trine.modes.processes import ProcessSetupError
+    from trine.serve.schemas import ServeSettings
+
+    s = cfg.serve
+    api_key = None
+    if s.api_key_env is not None:
+        api_key = os.environ.get(s.api_key_env) or None
+        if api_key is None:
+            raise ProcessSetupError(
+                f"serve.api_key_env={s.api_key_env!r} names an environment variable that is not set or "
+                "empty; export the token there (it never goes into a config file), or remove api_key_env."
+            )
+    prompt = s.max_prompt_tokens or max(1, (max_context or 4096) - s.max_tokens)
+    return ServeSettings(
+        model_name=s.model_name or cfg.name,
+        api_key=api_key,
+        max_concurrent=s.max_concurrent,
+        max_queue=s.max_queue,
+        max_prompt_tokens=prompt,
+        max_tokens=s.max_tokens,
+        max_n=s.max_n,
+        session_timeout=s.session_timeout,
+        default_max_tokens=s.default_max_tokens,
+    )
+
+
+def serve(
+    stages: list[RunConfig],
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    index: int = 0,
+    ready: Any = None,
+) -> str:
+    """``trine serve``: serve until interrupted; returns why it stopped. ``ready(url)`` is called once the
+    server listens (tests; the CLI prints the URL)."""
+    import uvicorn
+
+    from trine import build
+    from trine.modes.processes import as_process, check_shared_config, run_dir_of
+    from trine.serve.app import create_app
+
+    cfg = as_process(stages, "serve")
+    run_dir = run_dir_of(cfg)
+    check_shared_config(cfg, run_dir)
+    if cfg.num_threads:
+        import torch
+
+        torch.set_num_threads(cfg.num_threads)
+    model, tokenizer = build.load_policy(cfg)
+    engine, store, sync = build.build_server(cfg, model, tokenizer, run_dir, index)
+    settings = settings_of(cfg, getattr(model.config, "max_position_embeddings", None))
+    watcher = WeightsWatcher(sync, engine, run_dir, cfg.serve.weights_poll_seconds)
+    watcher.check()  # start on the newest published weights, if the trainer published any
+    app = create_app(engine, store, settings)
+    config = uvicorn.Config(
+        app,
+        host=host or cfg.serve.host,
+        port=cfg.serve.port if port is None else port,
+        log_level="warning",
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    watcher.start()
+    announcer = threading.Thread(target=_announce, args=(server, ready), daemon=True)
+    announcer.start()
+    try:
+        server.run()
+    finally:
+        watcher.close()
+        engine.close()
+        store.buffer.close()
+    return "interrupted" if server.should_exit else "stopped"
+
+
+def _announce(server: Any, ready: Any) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    url = f"http://{host}:{port}/v1"
+    print(f"trine serve: listening on {url}", flush=True)
+    if ready is not None:
+        ready(url)
