@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from trine.config_base import Count, NonNegInt, Positive, Section
 
@@ -38,3 +38,14 @@ class ServeConfig(Section):
     """Seconds an agent session may stay idle before it is written as it is (pending its reward)."""
     weights_poll_seconds: Positive = 1.0
     """How often the server looks for newer weights published by ``trine train``."""
+    request_timeout: Positive = 600.0
+    """Seconds one request may wait for the engine before it gets 504."""
+
+    @model_validator(mode="after")
+    def _limits(self) -> ServeConfig:
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError(
+                f"serve.default_max_tokens={self.default_max_tokens} is above serve.max_tokens={self.max_tokens}; "
+                "lower it or raise max_tokens"
+            )
+        return self

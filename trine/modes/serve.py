@@ -33,8 +33,17 @@ class WeightsWatcher:
     (one server at a time across the run, see the module docstring). ``loads`` counts the versions
     loaded, ``load_seconds`` their total time."""
 
-    def __init__(self, sync: Any, engine: Any, run_dir: Path, poll: float) -> None:
+    def __init__(
+        self,
+        sync: Any,
+        engine: Any,
+        run_dir: Path,
+        poll: float,
+        report: Any = None,
+        report_every: float = 10.0,
+    ) -> None:
         self.sync, self.engine, self.poll = sync, engine, poll
+        self.report, self.report_every = report, report_every  # report(): log the server's counters
         self.lock_path = run_dir / "weights" / "reload.lock"
         self.stop = threading.Event()
         self.loads, self.load_seconds = 0, 0.0
@@ -48,7 +57,10 @@ class WeightsWatcher:
     def close(self) -> None:
         self.stop.set()
         self.sync.close()  # ends a pull that waits
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        if self.report is not None:
+            self.report()  # the last counts
 
     def check(self) -> bool:
         """Load the newest published version if it is newer than the engine's; True if one was loaded."""
@@ -74,7 +86,11 @@ class WeightsWatcher:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _loop(self) -> None:
+        reported = time.monotonic()
         while not self.stop.wait(self.poll):
+            if self.report is not None and time.monotonic() - reported >= self.report_every:
+                reported = time.monotonic()
+                self.report()
             try:
                 self.check()
             except TimeoutError:  # closed while waiting
@@ -114,6 +130,7 @@ def settings_of(cfg: RunConfig, max_context: int | None) -> Any:
         max_n=s.max_n,
         session_timeout=s.session_timeout,
         default_max_tokens=s.default_max_tokens,
+        request_timeout=s.request_timeout,
     )
 
 
@@ -131,6 +148,7 @@ def serve(
 
     from trine import build
     from trine.modes.processes import as_process, check_shared_config, run_dir_of
+    from trine.monitor import build_monitor
     from trine.serve.app import create_app
 
     cfg = as_process(stages, "serve")
@@ -143,9 +161,20 @@ def serve(
     model, tokenizer = build.load_policy(cfg)
     engine, store, sync = build.build_server(cfg, model, tokenizer, run_dir, index)
     settings = settings_of(cfg, getattr(model.config, "max_position_embeddings", None))
-    watcher = WeightsWatcher(sync, engine, run_dir, cfg.serve.weights_poll_seconds)
-    watcher.check()  # start on the newest published weights, if the trainer published any
     app = create_app(engine, store, settings)
+    out = run_dir / "servers" / str(index)
+    monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=0)
+    reports = iter(range(1, 1 << 62))
+
+    def report() -> None:  # serve/* counters, weights loads, into servers/<i>/metrics.jsonl
+        loads = {
+            "serve/weight_loads": float(watcher.loads),
+            "serve/weight_load_seconds": watcher.load_seconds,
+        }
+        monitor.log({**app.state.server.metrics(), **loads}, next(reports))
+
+    watcher = WeightsWatcher(sync, engine, run_dir, cfg.serve.weights_poll_seconds, report)
+    watcher.check()  # start on the newest published weights, if the trainer published any
     config = uvicorn.Config(
         app,
         host=host or cfg.serve.host,
@@ -161,6 +190,7 @@ def serve(
         server.run()
     finally:
         watcher.close()
+        monitor.close()
         engine.close()
         store.buffer.close()
     return "interrupted" if server.should_exit else "stopped"
