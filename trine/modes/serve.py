@@ -144,13 +144,18 @@ def serve(
 ) -> str:
     """``trine serve``: serve until interrupted; returns why it stopped. ``ready(url)`` is called once the
     server listens (tests; the CLI prints the URL)."""
-    import uvicorn
-
     from trine import build
-    from trine.modes.processes import as_process, check_shared_config, run_dir_of
+    from trine.modes.processes import ProcessSetupError, as_process, check_shared_config, run_dir_of
     from trine.monitor import build_monitor
     from trine.serve.app import create_app
 
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as err:
+        raise ProcessSetupError(
+            f"trine serve needs fastapi and uvicorn ({err.name} is not installed): pip install 'trine[serve]'"
+        ) from None
     cfg = as_process(stages, "serve")
     run_dir = run_dir_of(cfg)
     check_shared_config(cfg, run_dir)
