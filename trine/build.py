@@ -145,7 +145,7 @@ def build_explorer_process(
     scheduler = PartitionedScheduler(_scheduler(cfg, algorithm), index, count)
     engine = _engine(cfg, model, tokenizer)
     rollouts = run_dir / "explorers" / str(index) / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
-    sync = PublishedWeights(run_dir / "weights", keep=cfg.sync.keep)
+    sync = PublishedWeights(run_dir / "weights", keep=cfg.sync.keep, load=cfg.model.engine != "openai")
     side = _make_explorer_side(
         cfg, algorithm, scheduler, _explorer(cfg, engine, rollouts), sync, run_dir, tokenizer
     )
@@ -163,7 +163,7 @@ def build_server(
     from trine.serve.sessions import SessionStore
     from trine.sync import PublishedWeights
 
-    engine = _engine(cfg, model, tokenizer)
+    engine = _engine(cfg, model, tokenizer, local=True)  # the server samples its own weights
     store = SessionStore(build_buffer(cfg, run_dir), tokenizer, session_timeout=cfg.serve.session_timeout)
     return engine, store, PublishedWeights(run_dir / "weights", keep=cfg.sync.keep)
 
@@ -324,9 +324,28 @@ def _worker_of(engine: Any, model: Any) -> Callable[..., Any] | None:
     return None
 
 
-def _engine(cfg: RunConfig, model: Any, tokenizer: Any, partial_rollout: bool = False) -> Any:
-    """The configured rollout engine (``model.engine``) over ``model``."""
-    engine_class = registry.resolve("engine", cfg.model.engine)
+def _engine(
+    cfg: RunConfig, model: Any, tokenizer: Any, partial_rollout: bool = False, *, local: bool = False
+) -> Any:
+    """The configured rollout engine (``model.engine``) over ``model``; ``engine: openai`` samples the
+    server at ``model.base_url`` with the local tokenizer. ``local``: the ``hf`` engine whatever the config
+    says (``trine serve`` itself samples the local model for the explorers that call it)."""
+    m = cfg.model
+    if m.engine == "openai" and not local:
+        from trine.models.openai_engine import OpenAIEngine
+
+        assert m.base_url is not None and m.served_model is not None  # checked by ModelConfig
+        return OpenAIEngine(
+            model,
+            tokenizer,
+            base_url=m.base_url,
+            served_model=m.served_model,
+            api_key_env=m.api_key_env,
+            timeout=m.timeout or 120.0,
+            max_batch_size=cfg.explorer.max_batch_size,
+            seed=cfg.seed,
+        )
+    engine_class = registry.resolve("engine", "hf" if local else m.engine)
     extra: dict[str, Any] = {"partial_rollout": True} if partial_rollout else {}  # mode async
     if cfg.explorer.prefix_cache_tokens != ExplorerConfig().prefix_cache_tokens:
         extra["prefix_cache_tokens"] = cfg.explorer.prefix_cache_tokens  # checked at validate time

@@ -90,7 +90,9 @@ def auxiliary_problems(cfg: RunConfig) -> list[str]:
 
 def mode_problems(cfg: RunConfig) -> list[str]:
     """Settings that the run's mode does not read, or cannot honour."""
-    problems = []
+    from trine.models.openai_engine import engine_problems
+
+    problems = engine_problems(cfg)
     if cfg.trainer.batch_size is not None and cfg.mode != "async":
         problems.append(
             f"trainer.batch_size={cfg.trainer.batch_size}: mode {cfg.mode!r} trains on one explored batch "

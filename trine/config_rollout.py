@@ -47,8 +47,18 @@ class ModelConfig(Section):
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory."""
     engine: str = "hf"
-    """Rollout engine: ``hf`` (batched sampling from the local HF model, CPU or GPU) or
-    ``package.module:Class`` (see ``trine.models.protocol``)."""
+    """Rollout engine: ``hf`` (batched sampling from the local HF model, CPU or GPU), ``openai`` (an
+    OpenAI-compatible server that returns token ids and logprobs: ``trine serve`` on the run directory, vLLM;
+    the tokenizer stays local) or ``package.module:Class`` (see ``trine.models.protocol``)."""
+    base_url: str | None = None
+    """``engine: openai``: the server's ``/v1`` URL, e.g. ``http://127.0.0.1:8000/v1``."""
+    served_model: str | None = None
+    """``engine: openai``: the model name the server expects (``/v1/models`` lists it; for ``trine serve``:
+    ``serve.model_name``, else the run's ``name``)."""
+    api_key_env: str | None = None
+    """``engine: openai``: environment variable holding the server's API key (never the key itself)."""
+    timeout: Positive | None = None
+    """``engine: openai``: seconds one request may take (default 120); the task fails and is retried after."""
 
     _paths = field_validator("path", "tokenizer_path")(_resolve_path)
     _preset = field_validator("init_preset")(lambda v: _check_name("model_preset", v))
@@ -61,6 +71,37 @@ class ModelConfig(Section):
                 f"model.path {self.path!r} does not exist. Build a tiny test model with "
                 f"`trine init-model tiny-1m {self.path}` or set model.init_preset to build it automatically."
             )
+        return self
+
+    @model_validator(mode="after")
+    def _remote(self, info: ValidationInfo) -> ModelConfig:
+        remote = ("base_url", "served_model", "api_key_env", "timeout")
+        if self.engine != "openai":
+            given = [k for k in remote if getattr(self, k) is not None]
+            if given:
+                raise ValueError(
+                    f"model.{given[0]} is read only by model.engine: openai (engine is {self.engine!r}); "
+                    "remove it or set engine: openai"
+                )
+            return self
+        problems = [
+            f"model.engine: openai needs model.{key} ({what})"
+            for key, what in (
+                ("base_url", "the server's /v1 URL, e.g. http://127.0.0.1:8000/v1"),
+                ("served_model", "the model name the server serves, as /v1/models lists it"),
+            )
+            if not getattr(self, key)
+        ]
+        if self.base_url and not self.base_url.startswith(("http://", "https://")):
+            problems.append(f"model.base_url={self.base_url!r}: expected http(s)://host:port/v1")
+        if (info.context or {}).get("mode") == "sync":
+            problems.append(
+                "model.engine: openai samples a server that loads its own weights; mode sync would hand the "
+                "engine the trainer's weights: set mode: async with launch: processes and run `trine serve` on "
+                "the run directory, or use model.engine: hf"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 

@@ -254,6 +254,27 @@ def test_each_choice_gets_its_own_reward_once(served):
     assert [e.reward for e in exps] == [1.0, 0.5, 0.0]
 
 
+def test_record_false_answers_without_recording(served):
+    """What ``model.engine: openai`` sends: the explorer records its own experiences, not the server."""
+    pending = served.buffer.metrics()["buffer/pending"]
+    resp = served.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "1+1="}],
+        max_tokens=3,
+        extra_body={"record": False},
+    )
+    assert resp.choices and served.buffer.metrics()["buffer/pending"] == pending
+    assert served.post("/v1/feedback", {"response_id": resp.id, "reward": 1.0}).status_code == 404
+    bad = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "record": False,
+        "session_id": "s",
+    }
+    refused = served.post("/v1/chat/completions", bad)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "record"
+
+
 def test_streaming_chunks_work_with_the_openai_client_and_end_with_done(served):
     stream = served.client().chat.completions.create(
         model=MODEL,

@@ -247,3 +247,14 @@ def test_a_writer_killed_mid_publish_leaves_no_visible_partial_version(tmp_path)
     assert _dirs(tmp_path) == [version_name(1), version_name(2)]
     sync.pull(checker, 2, timeout=1.0)
     assert checker.loaded == [1, 2]
+
+
+def test_a_reader_with_a_remote_engine_waits_for_the_version_but_loads_nothing(tmp_path):
+    """``load=False`` (``model.engine: openai``: the server loads its own weights)."""
+    keys = list(Filled(0.0).state_dict())
+    reader, engine = PublishedWeights(tmp_path, load=False), Checker(keys)
+    with pytest.raises(TimeoutError):
+        reader.pull(engine, 1, timeout=0.3)  # not published yet: it still waits
+    PublishedWeights(tmp_path).push(Filled(1.0), 1)
+    reader.pull(engine, 1, timeout=5)
+    assert engine.loaded == [] and engine.policy_version == 0

@@ -500,5 +500,8 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
-ENGINES: dict[str, type] = {"hf": HFEngine}
-"""Built-in rollout engines by name (``model.engine``); see :mod:`trine.models.protocol`."""
+from trine.models.openai_engine import OpenAIEngine  # noqa: E402 - the table's other entry
+
+ENGINES: dict[str, type] = {"hf": HFEngine, "openai": OpenAIEngine}
+"""Built-in rollout engines by name (``model.engine``; ``openai``: a remote OpenAI-compatible server, see
+:mod:`trine.models.openai_engine`); see :mod:`trine.models.protocol`."""

@@ -6,7 +6,9 @@ can: ``await chat(messages, params)`` returns :class:`~trine.types.Completion` o
 finish reason and, where the server returns them, per-token logprobs. It cannot return the token ids it
 sampled (the chat API does not carry them), so it serves **auxiliary** models — a judge, a second agent,
 a user simulator — whose text a workflow reads, not a policy being trained; ``generate`` on token ids,
-``load_weights`` and checkpoints of the sampling stream say so with a clear error.
+``load_weights`` and checkpoints of the sampling stream say so with a clear error. The policy's rollout
+engine over such a server (token ids via ``/v1/completions``) is its subclass
+:class:`~trine.models.openai_engine.OpenAIEngine` (``model.engine: openai``).
 
 One ``AsyncOpenAI`` client is kept per event loop (an explorer and its evaluator run different loops).
 """
@@ -55,19 +57,23 @@ class OpenAIModel:
             )
         self.base_url, self.model, self.timeout, self.tokenizer = base_url, model, timeout, tokenizer
         self.api_key = os.environ[api_key_env] if api_key_env else "EMPTY"
-        self._clients: dict[int, Any] = {}
+        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
 
     def _client(self) -> Any:
+        """The client of the running event loop (made on first use; those of closed loops are dropped,
+        so a new loop that reuses a closed one's id never gets its client)."""
         loop = asyncio.get_running_loop()
-        client = self._clients.get(id(loop))
-        if client is None:
+        entry = self._clients.get(id(loop))
+        if entry is None or entry[0] is not loop:
             from openai import AsyncOpenAI
 
+            for key in [k for k, (other, _) in self._clients.items() if other.is_closed()]:
+                del self._clients[key]
             client = AsyncOpenAI(
                 base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=1
             )
-            self._clients[id(loop)] = client
-        return client
+            entry = self._clients[id(loop)] = (loop, client)
+        return entry[1]
 
     async def chat(self, messages: list[dict[str, Any]], params: SamplingParams) -> list[Completion]:
         """``params.n`` chat completions of ``messages`` (text, finish reason, logprobs if returned)."""
@@ -102,7 +108,8 @@ class OpenAIModel:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         raise NotImplementedError(
             f"OpenAIModel({self.base_url}) samples chats, not token ids: call chat(messages, params). A policy "
-            "trained token-in token-out needs a local engine (model.engine: hf)."
+            "trained token-in token-out needs model.engine: hf, or model.engine: openai (OpenAIEngine, over a "
+            "server that returns token ids)."
         )
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:

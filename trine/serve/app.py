@@ -122,7 +122,7 @@ class OpenAIServer:
         if req.session_id is None:
             prompt = render_prompt(self.tokenizer, messages, tools)
             answer.prompt_ids = check_prompt(prompt, self.settings.max_prompt_tokens, "messages")
-            await self._sample_and_record(answer, params, req.task_id, req.user, "chat")
+            await self._sample_and_record(answer, params, req, "chat")
             return answer
         limit = self.settings.max_prompt_tokens
         opened = self.store.turn(
@@ -143,7 +143,7 @@ class OpenAIServer:
         prompt = completion_prompt(req, self.tokenizer)
         answer = self._answer("cmpl-", req, params, parse_tools=False, logprobs=req.logprobs is not None)
         answer.prompt_ids = check_prompt(prompt, self.settings.max_prompt_tokens, "prompt")
-        await self._sample_and_record(answer, params, req.task_id, req.user, "completions")
+        await self._sample_and_record(answer, params, req, "completions")
         return answer
 
     async def feedback(self, request: Request) -> dict[str, Any]:
@@ -194,16 +194,20 @@ class OpenAIServer:
         )
 
     async def _sample_and_record(
-        self, answer: Answer, params: SamplingParams, task_id: str | None, user: str | None, endpoint: str
+        self, answer: Answer, params: SamplingParams, req: ChatRequest | CompletionRequest, endpoint: str
     ) -> None:
         answer.completions = await self._generate(answer.prompt_ids, params)
         answer.policy_version = self._version(answer.completions)
+        if not req.record:
+            self.counts["unrecorded"] += 1
+            return
+        user = req.user
         info: dict[str, Any] = {"endpoint": endpoint, **({"user": user} if user is not None else {})}
         await self.store.record_response(
             answer.response_id,
             answer.prompt_ids,
             answer.completions,
-            task_id=task_id,
+            task_id=req.task_id,
             version=answer.policy_version,
             info=info,
         )

@@ -109,6 +109,11 @@ def check_chat(req: ChatRequest) -> None:
             f"top_logprobs={req.top_logprobs} is not supported: this server returns the logprob of each "
             "sampled token only; drop top_logprobs (or send 0) and keep logprobs=true.",
         )
+    if req.session_id is not None and not req.record:
+        raise bad(
+            "record",
+            "record=false with session_id: a session exists to be recorded; drop session_id or record.",
+        )
     if req.session_id is not None and req.n != 1:
         raise bad(
             "n",

@@ -174,6 +174,9 @@ class _Sampling(_Strict):
     user: Annotated[str, Field(max_length=256)] | None = None
     task_id: _ID | None = None
     return_token_ids: bool = False
+    record: bool = True
+    """False: answer without recording an experience (an explorer sampling through the server with
+    ``model.engine: openai`` records its own experiences; feedback on such a response gets 404)."""
 
 
 class ChatRequest(_Sampling):

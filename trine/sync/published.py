@@ -66,10 +66,17 @@ class PublishedWeights:
 
     ``keep`` published versions stay on disk (older ones are deleted); waiting readers look for a
     new version every ``poll_interval`` seconds and log that they wait every ``log_every`` seconds.
+    ``load=False``: the reader's engine is remote and loads its own weights (``model.engine: openai``
+    sampling from ``trine serve`` on the run): ``pull`` only waits until ``version`` is published.
     """
 
     def __init__(
-        self, directory: str | Path, keep: int = 2, poll_interval: float = 0.2, log_every: float = 10.0
+        self,
+        directory: str | Path,
+        keep: int = 2,
+        poll_interval: float = 0.2,
+        log_every: float = 10.0,
+        load: bool = True,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep}: at least 1 published version must stay on disk; use keep >= 1.")
@@ -81,6 +88,7 @@ class PublishedWeights:
         self.keep = keep
         self.poll_interval = poll_interval
         self.log_every = log_every
+        self.load = load
         self.seconds = 0.0
         self._closed = threading.Event()
 
@@ -176,7 +184,7 @@ class PublishedWeights:
         while True:
             chosen = self._choose(version)
             if chosen is not None:
-                if engine.policy_version == chosen:
+                if engine.policy_version == chosen or not self.load:
                     return
                 start = time.perf_counter()
                 state = self._read(chosen)
