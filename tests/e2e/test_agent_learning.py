@@ -58,8 +58,8 @@ def test_grpo_makes_the_guess_the_number_player_win_more_in_fewer_turns(tmp_path
     success rate and shortens the games. Measured (grpo.yaml, seed 0, 2026-11-23, evals every 10 steps):
     eval avg@4 0.50 -> 0.66 at step 30; training reward 0.37 (first 5 steps) -> 0.51 (last 10 of 40),
     turns 3.25 -> 3.00. Here 30 steps, evaluated at the start and the end only (other random streams):
-    training windows as above; an earlier version's eval (avg@4, 256 games, standard error ~0.03) moved
-    0.54 -> 0.58, too noisy for a lift bar, so the eval (avg@16) must only not fall."""
+    reward 0.33 -> 0.49, turns 3.31 -> 3.01, eval avg@16 (1024 games, standard error ~0.015) 0.49 ->
+    0.64. (With avg@4, 256 games, one run moved 0.54 -> 0.58: too noisy for a bar, hence k=16.)"""
     registry.load_plugin(GUESS / "game.py")
     run_dir = tmp_path / "run"
     stages = load_config(
@@ -73,4 +73,4 @@ def test_grpo_makes_the_guess_the_number_player_win_more_in_fewer_turns(tmp_path
     early, late = slice(0, 5), slice(-10, None)
     assert statistics.fmean(rewards[late]) - statistics.fmean(rewards[early]) >= 0.05, rewards
     assert statistics.fmean(turns[early]) - statistics.fmean(turns[late]) >= 0.08, turns
-    assert after >= before, (before, after)  # 1024 games each; the lift is measured in training above
+    assert after - before >= 0.05, (before, after)
