@@ -14,6 +14,7 @@ AGENT_EXAMPLES = {
     "second_look": [("examples/agents/second_look.py", "python")],
     "tools": [("examples/agents/tools.py", "python"), ("examples/agents/tools.yaml", "yaml")],
     "tool_use": [("examples/tool_use/config.yaml", "yaml")],
+    "serve_agent": [("examples/serve_agent/agent.py", "python")],
 }
 """docs/agents.md's examples: (file, language) per marker; each file stays under 80 lines."""
 
