@@ -1,15 +1,12 @@
 """A black-box agent, written only against the official ``openai`` client, trained by ``trine serve``.
 
-It answers arithmetic questions (``examples/arithmetic/data``) through any OpenAI-compatible endpoint and
-grades its own answers. Pointed at ``trine serve`` it becomes training data: each request asks for
-``--samples`` answers to one question (``task_id`` groups them for GRPO), and the grade of each answer
-goes back as a reward (``POST /v1/feedback``), which ``trine train`` trains on; the server picks up the new
-weights as they are published, so the agent's own score rises (``policy_version`` says which weights
-answered). Nothing here knows about Trine but two extra request fields and the feedback path.
+It answers arithmetic questions through any OpenAI-compatible endpoint, ``--samples`` answers each
+(``task_id`` groups them for GRPO), and sends each answer's grade back (``POST /v1/feedback``), which
+``trine train`` trains on; the server loads the new weights, so the agent's own score rises. It stays at
+most ``--max-lag`` rounds ahead of the served weights (``policy_version``, listed with the model).
 
-    trine serve examples/serve_agent/config.yaml &      # the server (port 8000)
-    trine train examples/serve_agent/config.yaml &      # the trainer
-    python examples/serve_agent/agent.py --rounds 40    # the agent
+    trine serve examples/serve_agent/config.yaml & trine train examples/serve_agent/config.yaml &
+    python examples/serve_agent/agent.py --rounds 40
 """
 
 from __future__ import annotations
@@ -23,12 +20,10 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-DATA = Path(__file__).resolve().parents[1] / "arithmetic" / "data" / "train.jsonl"
+DATA = Path(__file__).resolve().parents[1] / "arithmetic" / "data" / "train.jsonl"  # the questions
 
 
-async def ask(
-    client: AsyncOpenAI, model: str, row: dict, samples: int, task_id: str
-) -> tuple[list[float], int]:
+async def ask(client: AsyncOpenAI, model: str, row: dict, samples: int, task_id: str) -> tuple[list, int]:
     """One question: ``samples`` answers, each graded and the grades sent back; (rewards, version)."""
     response = await client.chat.completions.create(
         model=model,
@@ -40,12 +35,13 @@ async def ask(
     )
     rewards = [float((c.message.content or "").strip() == row["answer"]) for c in response.choices]
     for choice, reward in zip(response.choices, rewards):
-        await client.post(
-            "/feedback",
-            body={"response_id": response.id, "choice": choice.index, "reward": reward},
-            cast_to=object,
-        )
+        feedback = {"response_id": response.id, "choice": choice.index, "reward": reward}
+        await client.post("/feedback", body=feedback, cast_to=object)
     return rewards, int((response.model_extra or {}).get("policy_version", 0))
+
+
+async def served_version(client: AsyncOpenAI) -> int:  # trine serve lists it with the model
+    return int(((await client.models.list()).data[0].model_extra or {}).get("policy_version", 0))
 
 
 async def main(args: argparse.Namespace) -> list[dict]:
@@ -53,13 +49,14 @@ async def main(args: argparse.Namespace) -> list[dict]:
     rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     rng, log = random.Random(args.seed), []
     for r in range(args.rounds):
+        while r - await served_version(client) > args.max_lag:  # let training keep up
+            await asyncio.sleep(0.2)
         batch = rng.sample(range(len(rows)), args.questions)
         results = await asyncio.gather(
             *(ask(client, args.model, rows[i], args.samples, f"r{r}-q{i}") for i in batch)
         )
         score = statistics.fmean(x for rewards, _ in results for x in rewards)
-        versions = sorted({v for _, v in results})
-        log.append({"round": r, "reward": score, "versions": versions})
+        log.append({"round": r, "reward": score, "versions": sorted({v for _, v in results})})
         print(json.dumps(log[-1]), flush=True)
     await client.close()
     return log
@@ -74,4 +71,5 @@ if __name__ == "__main__":
     parser.add_argument("--questions", type=int, default=16, help="questions asked at once per round")
     parser.add_argument("--samples", type=int, default=8, help="answers per question (a GRPO group)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-lag", type=int, default=2, help="rounds ahead of the served weights")
     asyncio.run(main(parser.parse_args()))

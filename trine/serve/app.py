@@ -101,7 +101,13 @@ class OpenAIServer:
     async def models(self, request: Request) -> dict[str, Any]:
         check_auth(request, self.settings.api_key)
         name = self.settings.model_name
-        card = {"id": name, "object": "model", "created": self.started, "owned_by": "trine"}
+        card = {
+            "id": name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "trine",
+            "policy_version": self.engine.policy_version,  # the weights it serves now (an extension)
+        }
         return {"object": "list", "data": [card]}
 
     async def health(self, request: Request) -> dict[str, Any]:
