@@ -10,6 +10,11 @@
    into the engine the way ``trine serve``'s watcher loads them (between two generations). Counted:
    requests failed (target: none), the update's duration, and the slowest request overlapping it.
 
+4. **Two servers of one run, new weights published three times** (``--no-pair`` skips it): each server
+   has its own engine and :class:`~trine.modes.serve.WeightsWatcher`, clients keep calling both.
+   Reported: each server's load intervals, the seconds both were loading at once (target: 0, the run's
+   reload lock staggers them), and failed requests.
+
 Everything runs in one process and one event loop (client, server and the direct side), so the
 comparison is the server's own overhead: HTTP, JSON, validation, recording.
 
@@ -104,6 +109,83 @@ async def across_update(client, engine: HFEngine, chats, tokens: int, waves: int
     }
 
 
+async def pair(path, tokens: int, clients: int) -> dict[str, float]:
+    """Part 4: two servers on one run directory, three publications, clients on both."""
+    import tempfile
+    from pathlib import Path
+
+    import uvicorn
+    from openai import AsyncOpenAI
+
+    from trine.modes.serve import WeightsWatcher
+    from trine.sync import PublishedWeights
+
+    run_dir = Path(tempfile.mkdtemp(prefix="serve-pair-"))
+    trainer_model = load_model(str(path))
+    publisher = PublishedWeights(run_dir / "weights")
+    servers, watchers, loads, urls = [], [], [], []
+    for _ in range(2):
+        model, tokenizer = load_model(str(path)), load_tokenizer(str(path))
+        engine = HFEngine(model, tokenizer, max_batch_size=64)
+        spans: list[tuple[float, float]] = []
+        original = engine.load_weights
+
+        def timed_load(state, version, _orig=original, _spans=spans):
+            start = time.perf_counter()
+            _orig(state, version)
+            _spans.append((start, time.perf_counter()))
+
+        engine.load_weights = timed_load  # type: ignore[method-assign]
+        app = create_app(engine, SessionStore(MemoryBuffer(), tokenizer), ServeSettings(model_name=MODEL))
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            await asyncio.sleep(0.02)
+        urls.append(f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1")
+        watchers.append(WeightsWatcher(PublishedWeights(run_dir / "weights"), engine, run_dir, 0.02).start())
+        servers.append((server, task, engine))
+        loads.append(spans)
+    clients_ = [AsyncOpenAI(base_url=u, api_key="EMPTY", max_retries=0, timeout=300) for u in urls]
+    stop, failed, done = asyncio.Event(), 0, 0
+
+    async def caller(i: int) -> None:
+        nonlocal failed, done
+        while not stop.is_set():
+            try:
+                await clients_[i % 2].chat.completions.create(
+                    model=MODEL, messages=prompts(1)[0], max_tokens=tokens, temperature=1.0
+                )
+                done += 1
+            except Exception:  # noqa: BLE001 - what the benchmark counts
+                failed += 1
+
+    callers = [asyncio.create_task(caller(i)) for i in range(clients)]
+    for version in (1, 2, 3):
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(publisher.push, trainer_model, version)
+    while any(e.policy_version != 3 for _, _, e in servers):
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    stop.set()
+    await asyncio.gather(*callers)
+    for w in watchers:
+        w.close()
+    for c in clients_:
+        await c.close()
+    for server, task, engine in servers:
+        server.should_exit = True
+        await task
+        engine.close()
+    overlap = sum(max(0.0, min(b1, b2) - max(a1, a2)) for a1, b1 in loads[0] for a2, b2 in loads[1])
+    return {
+        "loads": float(sum(len(x) for x in loads)),
+        "load_s": statistics.fmean(b - a for spans in loads for a, b in spans) if any(loads) else 0.0,
+        "both_loading_s": overlap,
+        "requests": float(done),
+        "failed": float(failed),
+    }
+
+
 async def main(args: argparse.Namespace) -> None:
     import uvicorn
     from openai import AsyncOpenAI
@@ -139,10 +221,9 @@ async def main(args: argparse.Namespace) -> None:
     await serving
     engine.close()
 
+    both = None if args.no_pair else await pair(path, args.tokens, 8)
     base = median(rates["engine batch"])
-    rows = [
-        [side, tokens[side], f"{median(r):.0f}", f"{median(r) / base:.2f}x"] for side, r in rates.items()
-    ]
+    rows = [[side, tokens[side], f"{median(r):.0f}", f"{median(r) / base:.2f}x"] for side, r in rates.items()]
     lat = sorted(latencies)
     p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
     table = markdown_table(["side", "tokens per round", "tokens/s (median)", "vs engine"], rows)
@@ -161,6 +242,12 @@ async def main(args: argparse.Namespace) -> None:
             ]
         ],
     )
+    if both is not None:
+        table += "\n\n" + markdown_table(
+            ["two servers: loads", "mean load s", "both loading s", "requests", "failed"],
+            [[int(both["loads"]), f"{both['load_s']:.3f}", f"{both['both_loading_s']:.3f}",
+              int(both["requests"]), int(both["failed"])]],
+        )  # fmt: skip
     notes = (
         f"{args.preset}, {args.clients} concurrent clients x {args.tokens} tokens max (seeded: both sides "
         f"sample the same tokens), {args.rounds} rounds, torch threads {args.threads}. Target >= 0.8x; "
@@ -177,6 +264,7 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--no-pair", action="store_true", help="skip part 4 (two servers)")
     args = parser.parse_args()
     threads(args.threads)
     asyncio.run(main(args))
