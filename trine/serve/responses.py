@@ -82,10 +82,17 @@ def chat_body(answer: Answer, tokenizer: Any) -> dict[str, Any]:
             "finish_reason": "tool_calls" if calls else c.finish_reason,
             "logprobs": {"content": _chat_logprobs(c, tokenizer)} if answer.logprobs else None,
         }
-        if answer.return_token_ids:
-            choice["token_ids"] = list(c.response_ids)
         choices.append(choice)
-    body = _head(answer, "chat.completion")
+    return _body(answer, "chat.completion", choices)
+
+
+def _body(answer: Answer, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The response object around ``choices`` (one per completion, in order), with the token ids the
+    request asked for (``return_token_ids``: vLLM's field names)."""
+    if answer.return_token_ids:
+        for choice, c in zip(choices, answer.completions):
+            choice["token_ids"] = list(c.response_ids)
+    body = _head(answer, kind)
     body.update(choices=choices, usage=answer.usage())
     if answer.return_token_ids:
         body["prompt_token_ids"] = list(answer.prompt_ids)
@@ -126,14 +133,8 @@ def completion_body(answer: Answer, tokenizer: Any) -> dict[str, Any]:
             "finish_reason": c.finish_reason,
             "logprobs": _completion_logprobs(c, tokenizer) if answer.logprobs else None,
         }
-        if answer.return_token_ids:
-            choice["token_ids"] = list(c.response_ids)
         choices.append(choice)
-    body = _head(answer, "text_completion")
-    body.update(choices=choices, usage=answer.usage())
-    if answer.return_token_ids:
-        body["prompt_token_ids"] = list(answer.prompt_ids)
-    return body
+    return _body(answer, "text_completion", choices)
 
 
 def completion_chunks(answer: Answer, tokenizer: Any) -> Iterator[dict[str, Any]]:
