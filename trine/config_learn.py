@@ -21,14 +21,6 @@ from trine.config_base import (
     TrajectoryStatus,
     _check_name,
 )
-from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
-    ConfigError,
-    apply_overrides,
-    load_yaml,
-    merge,
-    shadowed_overrides,
-    shadowed_paths,
-)
 
 
 class BufferConfig(Section):

@@ -23,14 +23,6 @@ from trine.config_base import (
     _resolve_path,
 )
 from trine.config_checks import argument_problems
-from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
-    ConfigError,
-    apply_overrides,
-    load_yaml,
-    merge,
-    shadowed_overrides,
-    shadowed_paths,
-)
 
 
 class ModelConfig(Section):
