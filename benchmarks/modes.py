@@ -72,7 +72,7 @@ def config(run_dir: Path, steps: int, latency: float, sigma: float, **mode: dict
 def measure(steps: int, latency: float, sigma: float, mode: dict) -> dict[str, float]:
     run_dir = Path(tempfile.mkdtemp(prefix="trine-modes-"))
     data = config(run_dir, steps, latency, sigma, **mode)
-    if mode.get("launch") == "processes":
+    if mode.get("launch") == "processes" or "cluster" in mode:  # `trine run` starts the processes
         path = run_dir.with_suffix(".yaml")
         path.write_text(yaml.safe_dump(data))
         cmd = [sys.executable, "-m", "trine.cli", "run", str(path), "--plugin", str(PLUGIN)]

@@ -133,26 +133,49 @@ def build_stage(
 
 
 def build_explorer_process(
-    cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, index: int, count: int
+    cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, index: int, count: int, buffer: Any = None
 ) -> ExplorerSide:
     """The explorer side of explorer process ``index`` of ``count`` (``trine explore``): its share of
-    the tasks, the run's SQL buffer, the weights the trainer publishes; it starts where its last
-    incarnation stopped (the buffer counts the batches it put)."""
-    from trine.sync import PublishedWeights
+    the tasks, the run's SQL buffer (or ``buffer``: a Ray buffer writer), the trainer's weights
+    (:func:`process_sync`); it starts where its last incarnation stopped (the buffer counts the batches
+    it put)."""
     from trine.tasks.partition import PartitionedScheduler
 
     algorithm = build_algorithm(cfg)
     scheduler = PartitionedScheduler(_scheduler(cfg, algorithm), index, count)
     engine = _engine(cfg, model, tokenizer)
     rollouts = run_dir / "explorers" / str(index) / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
-    sync = PublishedWeights(run_dir / "weights", keep=cfg.sync.keep, load=cfg.model.engine != "openai")
+    sync = process_sync(cfg, run_dir, f"explorer-{index}")
     side = _make_explorer_side(
-        cfg, algorithm, scheduler, _explorer(cfg, engine, rollouts), sync, run_dir, tokenizer
+        cfg, algorithm, scheduler, _explorer(cfg, engine, rollouts), sync, run_dir, tokenizer, buffer
     )
     side.producer = f"explorer-{index}"
     side.batches = side.buffer.produced(side.producer)
     scheduler.skip(side.batches, cfg.tasks.batch_size)
     return side
+
+
+def process_sync(cfg: RunConfig, run_dir: Path, role: str) -> Any:
+    """The weight sync of a trainer (``role="trainer"``) or explorer process (``explorer-<i>``):
+    ``published`` through ``<run_dir>/weights``, or ``broadcast`` over torch.distributed from the trainer,
+    which listens at ``sync.address`` (None: a free port on loopback, written to
+    ``<run_dir>/weights/broadcast.json`` for the explorers of this machine)."""
+    from trine.sync import PublishedWeights
+
+    s = cfg.sync
+    if cfg.sync_method == "published":
+        return PublishedWeights(run_dir / "weights", keep=s.keep, load=cfg.model.engine != "openai")
+    from trine.sync.broadcast import BroadcastReceiver, BroadcastSender
+    from trine.sync.rendezvous import read_address, write_address
+
+    if role == "trainer":
+        host, _, port = (s.address or "127.0.0.1:0").rpartition(":")
+        sender = BroadcastSender(host, int(port), s.bucket_mb, s.broadcast_backend, s.broadcast_timeout)
+        if s.address is None:
+            write_address(run_dir / "weights", sender.address)
+        return sender
+    address = s.address or read_address(run_dir / "weights", s.wait_timeout)
+    return BroadcastReceiver(address, role, s.broadcast_backend, s.broadcast_timeout)
 
 
 def build_server(
@@ -184,11 +207,10 @@ def _trainer_process(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) ->
     """The trainer side of a trainer process: the run's SQL buffer (a resume undoes only what this
     process took since its checkpoint) and weights published into ``<run_dir>/weights``."""
     from trine.buffer import open_buffer
-    from trine.sync import PublishedWeights
 
     cfg, side = stage.cfg, stage.trainer
     side.buffer = open_buffer(cfg.buffer, run_dir, rewind="reads")
-    side.sync = PublishedWeights(run_dir / "weights", keep=cfg.sync.keep)
+    side.sync = process_sync(cfg, run_dir, "trainer")
     side.sync_interval, side.get_timeout = cfg.sync.sync_interval, cfg.buffer.get_timeout
     side.batch_size = cfg.trainer.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
     if cfg.tasks.eval:
@@ -268,7 +290,14 @@ def _explorer_side(
 
 
 def _make_explorer_side(
-    cfg: RunConfig, algorithm: Any, scheduler: Any, explorer: Any, sync: Any, run_dir: Path, tokenizer: Any
+    cfg: RunConfig,
+    algorithm: Any,
+    scheduler: Any,
+    explorer: Any,
+    sync: Any,
+    run_dir: Path,
+    tokenizer: Any,
+    buffer: Any = None,
 ) -> ExplorerSide:
     from trine.buffer import build_pipeline
 
@@ -276,7 +305,7 @@ def _make_explorer_side(
     return ExplorerSide(
         explorer,
         scheduler,
-        build_buffer(cfg, run_dir),
+        build_buffer(cfg, run_dir) if buffer is None else buffer,
         sync,
         batch_size=cfg.tasks.batch_size,
         shaping=Shaping(

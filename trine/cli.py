@@ -109,6 +109,9 @@ def run(
 ) -> None:
     """Run a config: every stage in order, resuming from the run directory's last checkpoint."""
     stages = _load(config, overrides or [], plugin)
+    if stages[0].cluster.backend == "ray":
+        _guarded(lambda: _on_cluster(lambda: _ray_launch(stages, plugin)))
+        return
     if stages[0].mode == "async" and stages[0].launch == "processes":
         from trine.modes.processes import launch
 
@@ -172,6 +175,24 @@ def serve(
 
     why = _guarded(lambda: _process_input(lambda: serve_mode(stages, host=host, port=port, index=server_id)))
     typer.echo(f"server {server_id}: done ({why})")
+
+
+def _ray_launch(stages: list[Any], plugins: list[Path]) -> int:
+    from trine.distributed.launch import launch
+
+    return launch(stages, plugins)
+
+
+def _on_cluster(fn: Callable[[], Any]) -> Any:
+    """A run the Ray cluster cannot take (no ray, resources it can never grant) exits 2 with why."""
+    from trine.distributed.launch import ClusterError
+    from trine.modes.processes import ProcessSetupError
+
+    try:
+        return fn()
+    except (ClusterError, ProcessSetupError) as err:
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
 
 
 def _replay(stages: list[Any], source: Path) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from trine.config_base import (  # noqa: F401 - re-exported
     _resolve_path,
 )
 from trine.config_checks import algorithm_problems, auxiliary_problems, mode_problems
+from trine.config_cluster import ClusterConfig  # noqa: F401
 from trine.config_format import format_error, section_reference
 from trine.config_learn import (  # noqa: F401
     AlgorithmConfig,
@@ -119,16 +120,26 @@ class RunConfig(Section):
     """Metric sinks and plots (``trine.monitor``)."""
     serve: ServeConfig = ServeConfig()
     """The OpenAI-compatible server of ``trine serve`` (``trine.serve``)."""
+    cluster: ClusterConfig = ClusterConfig()
+    """Where the trainer and the explorers run: this machine, or Ray actors (``trine.distributed``)."""
     stages: list[dict[str, Any]] = []
     """Stages run in order, each a partial config (with a ``stage`` name) merged over the top-level
     settings and starting from the previous stage's weights (e.g. an SFT warm-up then GRPO)."""
 
     @property
+    def processes(self) -> bool:
+        """Trainer and explorers are separate processes: ``launch: processes`` or Ray actors."""
+        return self.launch == "processes" or self.cluster.backend == "ray"
+
+    @property
     def sync_method(self) -> str:
-        """The weight-sync method in use: ``sync.method``, or ``published`` between processes, ``copy``
-        when the explorer may run ahead of the trainer (mode async, ``sync_offset`` > 0), else ``shared``."""
+        """The weight-sync method in use: ``sync.method``, or ``broadcast`` between Ray actors, ``published``
+        between processes, ``copy`` when the explorer may run ahead of the trainer (mode async,
+        ``sync_offset`` > 0), else ``shared``."""
         if self.sync.method is not None:
             return self.sync.method
+        if self.cluster.backend == "ray":
+            return "broadcast"
         if self.launch == "processes":
             return "published"
         return "copy" if self.mode == "async" or self.sync.sync_offset > 0 else "shared"

@@ -165,7 +165,7 @@ def algorithm_problems(cfg: RunConfig, preset: Any) -> list[str]:
         problems.append(f"algorithm {algo.name!r} mixes expert rows; set tasks.expert to a taskset of them")
     if algo.loss == "distill" and cfg.explorer.teacher is None:
         problems.append("algorithm 'distill' needs a teacher model; set explorer.teacher to its directory")
-    if algo.dynamic_sampling and cfg.launch == "processes":
+    if algo.dynamic_sampling and cfg.processes:
         problems.append(
             f"algorithm {algo.name!r} refills batches from the task scheduler (dynamic sampling), which explorer "
             "processes split between them; set algorithm.dynamic_sampling: false or launch: thread"
@@ -176,28 +176,39 @@ def algorithm_problems(cfg: RunConfig, preset: Any) -> list[str]:
 
 
 def _process_problems(cfg: RunConfig) -> list[str]:
-    """What explorer and trainer processes (``launch: processes``) need: mode async, a buffer every
-    process can open, weights published through the run directory, tasks split without feedback."""
+    """What explorer and trainer processes (``launch: processes``, or Ray actors with ``cluster.backend:
+    ray``) need: mode async, a buffer every process can open, weights that reach another process
+    (``published`` through the run directory, ``broadcast`` over torch.distributed), tasks split without
+    feedback."""
     method = cfg.sync_method
-    if cfg.launch != "processes":
-        return [] if method != "published" else ["sync.method 'published' is for launch: processes"]
+    layout = "cluster.backend: ray" if cfg.cluster.backend == "ray" else "launch: processes"
+    if not cfg.processes:
+        if method in ("published", "broadcast"):
+            return [f"sync.method {method!r} is for launch: processes or cluster.backend: ray"]
+        return []
     problems = []
+    if cfg.cluster.backend == "ray" and "launch" in cfg.model_fields_set and cfg.launch == "thread":
+        problems.append(
+            "launch: thread with cluster.backend: ray: Ray runs the trainer and the explorers as separate "
+            "actors (the processes layout); remove launch, or set cluster.backend: local"
+        )
     if cfg.mode != "async":
         problems.append(
-            f"launch: processes runs mode async (explorer and trainer processes); got mode {cfg.mode!r}"
+            f"{layout} runs mode async (explorer and trainer processes); got mode {cfg.mode!r}. Set mode: "
+            "async (with buffer.max_staleness: 0 an explorer never runs ahead of the weights it samples)"
         )
     if cfg.buffer.storage not in ("sql", "sqlite"):
         problems.append(
             f"buffer.storage={cfg.buffer.storage!r} cannot be shared between processes; set buffer.storage: sql "
             "(SQLite in the run directory by default, or PostgreSQL with buffer.url)"
         )
-    if method != "published":
+    if method not in ("published", "broadcast"):
         problems.append(
-            f"sync.method {method!r} cannot reach another process; remove it (published is the default)"
+            f"sync.method {method!r} cannot reach another process; use broadcast or published (or remove it)"
         )
     if cfg.tasks.curriculum is not None:
         problems.append(
-            "tasks.curriculum feeds pass rates back to one scheduler; it is not supported with launch: processes"
+            f"tasks.curriculum feeds pass rates back to one scheduler; it is not supported with {layout}"
         )
     e = cfg.explorer
     if e.oversample != 1 or e.tail_seconds is not None or e.partial_rollout:

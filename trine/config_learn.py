@@ -207,15 +207,28 @@ class SyncConfig(Section):
     """Batches explored per weight version (k): weights are pushed to the explorer every k steps."""
     sync_offset: NonNegInt = 0
     """Batches the explorer runs ahead of the trainer (m); m > 0 explores from a weight snapshot."""
-    method: Literal["shared", "copy", "published"] | None = None
+    method: Literal["shared", "copy", "published", "broadcast"] | None = None
     """How weights reach the explorer: ``shared`` (the engine samples the trainer's own weights, no
     copy), ``copy`` (the engine samples a snapshot, refreshed from in-memory copies every
-    ``sync_interval`` steps) or ``published`` (the trainer publishes each version into
-    ``<run_dir>/weights``, explorer processes load the newest). None: ``published`` with ``launch:
-    processes``, ``shared`` in mode sync with ``sync_offset`` 0, else ``copy`` (``RunConfig.sync_method``,
-    the one place this is decided)."""
+    ``sync_interval`` steps), ``published`` (the trainer publishes each version into
+    ``<run_dir>/weights``, explorer processes load the newest) or ``broadcast`` (the trainer sends each
+    version to every explorer process over torch.distributed: gloo on CPU, NCCL on GPU). None:
+    ``broadcast`` with ``cluster.backend: ray``, ``published`` with ``launch: processes``, ``shared`` in
+    mode sync with ``sync_offset`` 0, else ``copy`` (``RunConfig.sync_method``, the one place this is
+    decided)."""
     keep: Count = 2
     """Published versions kept in ``<run_dir>/weights`` (``published``)."""
+    address: str | None = None
+    """``broadcast``: ``host:port`` where the trainer listens for explorers. None: a free port, on
+    loopback for processes of one machine (recorded in ``<run_dir>/weights/broadcast.json``), on the
+    trainer's node under Ray (the driver picks it)."""
+    bucket_mb: Positive = 64.0
+    """``broadcast``: tensors travel flattened into buckets of at most this many MB per dtype."""
+    broadcast_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """``broadcast``: torch.distributed backend; ``auto`` is NCCL where CUDA is available, else gloo."""
+    broadcast_timeout: Positive = 60.0
+    """``broadcast``: seconds one transfer to an explorer may take before its channel is dropped (the
+    trainer goes on; the explorer joins again and gets the newest version)."""
     wait_timeout: Positive | None = 600.0
     """Seconds a process waits for the other side (an explorer for the trainer's first weights, the
     trainer for the first experiences) before it stops with an error; None: forever."""

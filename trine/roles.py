@@ -264,6 +264,7 @@ class TrainerSide:
                 **self.train(experiences),
                 **self.buffer.metrics(),  # incl. buffer/staleness_mean|max of this batch (current_version given)
                 "sync/seconds": self.sync.seconds,
+                **self.sync.metrics(),
                 "trainer/version": float(t.version),
             }
             if t.version % self.sync_interval == 0:  # shared weights: records the version only

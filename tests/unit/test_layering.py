@@ -36,6 +36,7 @@ BASE = {
     "config",
     "config_base",
     "config_checks",
+    "config_cluster",
     "config_format",
     "config_learn",
     "config_overrides",

@@ -36,6 +36,8 @@ from trine.config import RunConfig
 
 SHARED_SECTIONS = ("seed", "model", "tasks", "algorithm", "buffer", "sync", "trainer")
 """Config keys every process of a run must agree on (the explorers' batches are the trainer's data)."""
+PER_LAUNCH = ("sync.address",)
+"""Shared keys that may change from one launch of a run to the next (a Ray driver picks a new port)."""
 FINAL = ("finished", "failed", "stopped")
 
 
@@ -72,13 +74,15 @@ def check_shared_config(cfg: RunConfig, run_dir: Path) -> None:
     """The first process records the settings every process must share in ``shared_config.json``; a later
     one with different settings is refused with the keys that differ."""
     mine = _flat(cfg.model_dump(mode="json", include=set(SHARED_SECTIONS)))
+    for key in PER_LAUNCH:
+        mine.pop(key, None)
     path = run_dir / "shared_config.json"
     run_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         with open(path, "x", encoding="utf-8") as f:  # exclusive create: the first process wins
             json.dump(mine, f, indent=1, sort_keys=True)
         return
-    theirs = json.loads(path.read_text())
+    theirs = {k: v for k, v in json.loads(path.read_text()).items() if k not in PER_LAUNCH}
     differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
     if differ:
         shown = ", ".join(f"{k} ({theirs.get(k)!r} there, {mine.get(k)!r} here)" for k in differ[:6])
@@ -144,8 +148,12 @@ def trainer_ended(run_dir: Path, since: float) -> str | None:
     return None
 
 
-def explore(stages: list[RunConfig], index: int, count: int) -> str:
-    """``trine explore``: explorer process ``index`` of ``count``; returns why it stopped."""
+def explore(
+    stages: list[RunConfig], index: int, count: int, stop: threading.Event | None = None, buffer: Any = None
+) -> str:
+    """``trine explore``: explorer process ``index`` of ``count``; returns why it stopped. ``stop``: set by
+    whoever drives this explorer to end it (a Ray driver); ``buffer``: where to put batches instead of
+    opening the run's buffer (the Ray buffer writer)."""
     from trine import build
     from trine.monitor import build_monitor
     from trine.status import Heartbeat
@@ -162,14 +170,18 @@ def explore(stages: list[RunConfig], index: int, count: int) -> str:
 
         torch.set_num_threads(cfg.num_threads)
     model, tokenizer = build.load_policy(cfg)
-    side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count)
+    side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count, buffer)
     heartbeat = Heartbeat(out, side.batches)
     monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=side.batches)
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(run_dir, started, stop), daemon=True)
+    stop = stop or threading.Event()
+    watcher = threading.Thread(target=_watch, args=(run_dir, started, stop, side.sync), daemon=True)
     watcher.start()
     try:
-        side.sync.wait_for_first(cfg.sync.wait_timeout)  # type: ignore[attr-defined]
+        try:
+            side.sync.wait_for_first(cfg.sync.wait_timeout)  # type: ignore[attr-defined]
+        except TimeoutError:
+            if not stop.is_set():  # else: stopped while waiting, the loop below returns at once
+                raise
         why = _explore_loop(cfg, side, monitor, heartbeat, stop)
     except KeyboardInterrupt:
         heartbeat.end("stopped", reason="interrupted; run again to continue")
@@ -186,10 +198,12 @@ def explore(stages: list[RunConfig], index: int, count: int) -> str:
     return why
 
 
-def _watch(run_dir: Path, since: float, stop: threading.Event) -> None:
+def _watch(run_dir: Path, since: float, stop: threading.Event, sync: Any) -> None:
+    """Set ``stop`` when the trainer's run ends; once stopped, release a wait for weights."""
     while not stop.wait(1.0):
         if trainer_ended(run_dir, since):
             stop.set()
+    sync.close()
 
 
 def _explore_loop(cfg: RunConfig, side: Any, monitor: Any, heartbeat: Any, stop: threading.Event) -> str:

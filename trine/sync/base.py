@@ -15,8 +15,9 @@ Methods (``sync.method``, decided in one place: :attr:`trine.config.RunConfig.sy
 - ``published`` (:class:`~trine.sync.published.PublishedWeights`): through a directory (in the run
   directory), for a trainer and explorers in separate processes: versions are published atomically
   (write, then rename) and loaded by each explorer; built as ``PublishedWeights(directory)``.
-
-Later methods (torch.distributed broadcast for Ray) implement the same protocol.
+- ``broadcast`` (:class:`~trine.sync.broadcast.BroadcastSender` on the trainer,
+  :class:`~trine.sync.broadcast.BroadcastReceiver` on each explorer): over torch.distributed process
+  groups (gloo / NCCL), for processes on other machines (Ray).
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class WeightSync(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """``sync/*`` counters of the method for the step line ({} if it has none)."""
         ...
 
     def close(self) -> None:

@@ -249,6 +249,9 @@ class PublishedWeights:
                 f"published-weights state {state!r} lacks 'directory'; pass what state_dict() returned."
             )
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def close(self) -> None:
         """Release every waiting :meth:`pull` / :meth:`wait_for_first` (they raise TimeoutError)."""
         self._closed.set()

@@ -39,6 +39,9 @@ class SharedWeights:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.version = int(state.get("version", 0))
 
+    def metrics(self) -> dict[str, float]:
+        return {}
+
     def close(self) -> None:
         pass
 
@@ -86,6 +89,9 @@ class StateDictCopy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self._cond:
             self._states = dict(state["states"])
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     def close(self) -> None:
         with self._cond:

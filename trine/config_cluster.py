@@ -1,0 +1,51 @@
+"""Config section ``cluster:``: where the processes of a run live (:mod:`trine.distributed`; re-exported by
+:mod:`trine.config`).
+
+``backend: local`` (the default) runs everything on this machine as ``launch`` says. ``backend: ray`` runs
+the trainer, ``explorer.instances`` explorers and the buffer's writer as Ray actors on a Ray cluster — a
+local one started for the run, or the one at ``address`` — driven by the ``trine run`` process.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from trine.config_base import Count, NonNeg, NonNegInt, Positive, Section
+
+
+class ClusterConfig(Section):
+    """Where the trainer and the explorers run (``trine.distributed``)."""
+
+    backend: Literal["local", "ray"] = "local"
+    """``local``: this machine (threads or processes, as ``launch`` says); ``ray``: the trainer, the
+    explorers and the buffer writer as Ray actors (mode ``async``; the explorer/trainer process layout of
+    ``launch: processes``, with Ray placing, watching and restarting the processes)."""
+    address: str | None = None
+    """The Ray cluster to join: ``auto`` (the one ``ray start --head`` started on this machine), or
+    ``<head-ip>:6379``. None: start a local cluster for this run and stop it at the end."""
+    num_cpus: Count | None = None
+    """CPUs of the local cluster started when ``address`` is None (None: all of this machine's)."""
+    num_gpus: NonNegInt | None = None
+    """GPUs of the local cluster started when ``address`` is None (None: all visible ones)."""
+    trainer_cpus: Positive = 0.5
+    """Ray CPUs the trainer actor reserves (fractions allowed: Ray's CPUs are a scheduling budget; the
+    torch threads are ``num_threads``)."""
+    trainer_gpus: NonNeg = 0
+    """GPUs the trainer actor reserves (0: it trains on CPU)."""
+    explorer_cpus: Positive = 0.5
+    """Ray CPUs each explorer actor reserves."""
+    explorer_gpus: NonNeg = 0
+    """GPUs each explorer actor reserves (a fraction such as 0.5 shares a GPU with the trainer when the
+    placement packs them on one node)."""
+    buffer_cpus: Positive = 0.1
+    """Ray CPUs of the buffer writer actor (on the trainer's node: it writes the run's SQLite file)."""
+    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
+    """How the placement group puts the trainer's and the explorers' bundles on nodes: ``pack`` on as few
+    nodes as possible (colocated when they fit), ``spread`` over as many as possible; ``strict_*`` fail
+    instead of falling back."""
+    max_explorer_restarts: NonNegInt = 3
+    """Times each explorer actor is started again after it dies; its unfinished batch is explored again
+    (batches are put once each, so nothing is lost or duplicated). Past this the run stops, failed."""
+    ready_timeout: Positive = 120.0
+    """Seconds to wait for the cluster to grant the placement group before the run fails with the
+    resources it asked for and the ones the cluster has."""

@@ -1,0 +1,135 @@
+"""The actors of a Ray run: the same objects ``trine train`` and ``trine explore`` run, in Ray workers.
+
+- :class:`TrainerActor` runs the loop with the trainer side only (:func:`trine.modes.processes.train`):
+  checkpoints, evaluation, metrics and the run's status, in the run directory on its node.
+- :class:`ExplorerActor` runs one explorer (:func:`trine.modes.processes.explore`), which puts its batches
+  through the buffer writer (or into PostgreSQL itself) and receives weights by broadcast.
+- :class:`BufferWriter` owns the run's SQLite buffer for the explorers' puts; explorers see it through
+  :class:`RemoteBuffer`, which has the three methods an explorer process calls on its buffer.
+
+The classes are plain Python; :mod:`trine.distributed.launch` turns them into Ray actors (``ray.remote``),
+so this module imports ray only where a method needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from trine.config import RunConfig
+from trine.types import Experience
+
+
+def _enter(cwd: str, plugins: list[str], threads: int | None) -> None:
+    """Prepare a worker process like the ``trine`` command would: the driver's working directory (when
+    this node has it: relative paths in the config mean the same), the plugins, torch threads."""
+    if Path(cwd).is_dir():
+        os.chdir(cwd)
+    from trine.registry import load_plugin
+
+    for plugin in plugins:
+        load_plugin(Path(plugin))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def node_info() -> dict[str, Any]:
+    """This worker's node address, pid, and a free TCP port on the node (for the weight broadcast)."""
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return {"ip": ip, "pid": os.getpid(), "port": port, "node_id": ray.get_runtime_context().get_node_id()}
+
+
+class TrainerActor:
+    """The trainer process of the run, as an actor."""
+
+    def __init__(self, stages: list[RunConfig], cwd: str, plugins: list[str]) -> None:
+        _enter(cwd, plugins, stages[0].num_threads)
+        self.stages = stages
+
+    def node(self) -> dict[str, Any]:
+        return node_info()
+
+    def run(self, stages: list[RunConfig]) -> dict[str, Any]:
+        """Train the run (``stages``: as given at start, with the broadcast address the driver picked)."""
+        from trine.modes.processes import train
+
+        return train(stages)
+
+
+class ExplorerActor:
+    """Explorer ``index`` of the run, as an actor; :meth:`stop` (from another thread of the actor) ends it."""
+
+    def __init__(self, stages: list[RunConfig], cwd: str, plugins: list[str]) -> None:
+        _enter(cwd, plugins, stages[0].num_threads)
+        self.stages = stages
+        self._stop = threading.Event()
+
+    def node(self) -> dict[str, Any]:
+        return node_info()
+
+    def run(self, index: int, count: int, writer: Any = None) -> str:
+        """Explore share ``index`` of ``count`` until the run ends; returns why it stopped."""
+        from trine.modes.processes import explore
+
+        buffer = RemoteBuffer(writer) if writer is not None else None
+        return explore(self.stages, index, count, stop=self._stop, buffer=buffer)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class BufferWriter:
+    """The run's SQL buffer, opened once on the trainer's node, taking the explorers' puts in order."""
+
+    def __init__(self, stages: list[RunConfig], cwd: str, run_dir: str) -> None:
+        _enter(cwd, [], None)
+        from trine.buffer import open_buffer
+
+        self.buffer = open_buffer(stages[0].buffer, Path(run_dir))
+
+    def put(self, experiences: list[Experience], producer: str, producer_batch: int) -> None:
+        self.buffer.put(experiences, producer=producer, producer_batch=producer_batch)
+
+    def produced(self, producer: str) -> int:
+        return int(self.buffer.produced(producer))
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.buffer.metrics())
+
+    def close(self) -> None:
+        self.buffer.close()
+
+
+class RemoteBuffer:
+    """What an explorer process calls on its buffer, forwarded to the :class:`BufferWriter` actor."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def put(self, experiences: list[Experience], producer: str, producer_batch: int) -> None:
+        import ray
+
+        ray.get(self.writer.put.remote(experiences, producer, producer_batch))
+
+    def produced(self, producer: str) -> int:
+        import ray
+
+        return int(ray.get(self.writer.produced.remote(producer)))
+
+    def metrics(self) -> dict[str, float]:
+        import ray
+
+        return dict(ray.get(self.writer.metrics.remote()))
+
+    def close(self) -> None:
+        """The writer outlives its explorers (the driver closes it)."""

@@ -1,0 +1,117 @@
+"""The resource plan of a Ray run: which actors it starts, what each reserves, and whether the cluster can
+ever grant it (checked before anything starts, every problem at once).
+
+The plan is one placement group: bundle 0 holds the trainer and the buffer writer (the writer writes the
+run's SQLite file, so it lives where the trainer's run directory is), bundles 1..n one explorer each.
+``cluster.placement`` picks the strategy: ``pack`` colocates bundles on as few nodes as fit, ``spread``
+puts them on as many as possible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trine.config import ClusterConfig
+
+STRATEGIES = {
+    "pack": "PACK",
+    "spread": "SPREAD",
+    "strict_pack": "STRICT_PACK",
+    "strict_spread": "STRICT_SPREAD",
+}
+
+
+@dataclass(frozen=True)
+class Role:
+    """One kind of actor in the plan."""
+
+    name: str
+    count: int
+    cpus: float
+    gpus: float
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """The actors of a Ray run and the placement-group bundles that reserve their resources."""
+
+    roles: tuple[Role, ...]
+    strategy: str
+    writer: bool
+    """A buffer writer actor runs beside the trainer (a SQLite buffer; with PostgreSQL every explorer
+    writes to the database itself)."""
+
+    @classmethod
+    def of(cls, cluster: ClusterConfig, explorers: int, sqlite: bool) -> ResourcePlan:
+        c = cluster
+        roles = [Role("trainer", 1, c.trainer_cpus, c.trainer_gpus)]
+        if sqlite:
+            roles.append(Role("buffer writer", 1, c.buffer_cpus, 0))
+        roles.append(Role("explorer", explorers, c.explorer_cpus, c.explorer_gpus))
+        return cls(tuple(roles), STRATEGIES[c.placement], sqlite)
+
+    def bundles(self) -> list[dict[str, float]]:
+        """Bundle 0: trainer (+ writer); then one bundle per explorer."""
+        first = [r for r in self.roles if r.name != "explorer"]
+        explorer = next(r for r in self.roles if r.name == "explorer")
+        head = _resources(sum(r.cpus for r in first), sum(r.gpus for r in first))
+        return [head] + [_resources(explorer.cpus, explorer.gpus) for _ in range(explorer.count)]
+
+    def totals(self) -> dict[str, float]:
+        return {
+            "CPU": sum(r.cpus * r.count for r in self.roles),
+            "GPU": sum(r.gpus * r.count for r in self.roles),
+        }
+
+    def problems(self, cluster: dict[str, float], nodes: list[dict[str, float]]) -> list[str]:
+        """Why the cluster (its total ``cluster`` resources and each node's) can never grant this plan."""
+        out = []
+        need = self.totals()
+        for key, field in (("CPU", "cpus"), ("GPU", "gpus")):
+            have = float(cluster.get(key, 0.0))
+            if need[key] > have + 1e-9:
+                asks = ", ".join(f"{r.count} × {r.name} {getattr(r, field):g}" for r in self.roles if r.count)
+                out.append(
+                    f"the run asks for {need[key]:g} {key}s ({asks}) but the Ray cluster has {have:g}; lower "
+                    f"cluster.trainer_{field} / explorer_{field} (fractions are allowed) or explorer.instances, "
+                    f"or add nodes with {key}s"
+                )
+        biggest = {k: max((float(n.get(k, 0.0)) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
+        for i, bundle in enumerate(self.bundles()):
+            for key, amount in bundle.items():
+                if amount > biggest[key] + 1e-9:
+                    who = "the trainer (with the buffer writer)" if i == 0 else "an explorer"
+                    out.append(
+                        f"{who} asks for {amount:g} {key}s in one bundle, but the largest node has "
+                        f"{biggest[key]:g}; one actor cannot span nodes: ask for at most {biggest[key]:g}"
+                    )
+                    break
+        if self.strategy == "STRICT_SPREAD" and len(self.bundles()) > len(nodes):
+            out.append(
+                f"cluster.placement: strict_spread puts each of {len(self.bundles())} bundles on its own node, "
+                f"but the cluster has {len(nodes)}; use spread, or add nodes"
+            )
+        return out
+
+    def table(self, node_of_bundle: dict[int, str] | None = None) -> str:
+        """The plan as text, printed at start: actor, count, CPUs and GPUs each, and node when placed."""
+        node_of_bundle = node_of_bundle or {}
+        rows = [("actor", "count", "CPUs each", "GPUs each", "node(s)")]
+        for r in self.roles:
+            if r.name == "explorer":
+                nodes = sorted({node_of_bundle.get(1 + i, "?") for i in range(r.count)})
+            else:
+                nodes = [node_of_bundle.get(0, "?")]
+            rows.append((r.name, str(r.count), f"{r.cpus:g}", f"{r.gpus:g}", ", ".join(nodes)))
+        need = self.totals()
+        rows.append(("total", "", f"{need['CPU']:g}", f"{need['GPU']:g}", f"placement {self.strategy}"))
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        return "\n".join(["resource plan (Ray):", *("  " + line for line in lines)])
+
+
+def _resources(cpus: float, gpus: float) -> dict[str, float]:
+    out = {"CPU": float(cpus)}
+    if gpus:
+        out["GPU"] = float(gpus)
+    return out

@@ -1,0 +1,367 @@
+"""Weight sync by collective broadcast (``sync.method: broadcast``): one trainer process sends each new
+version to any number of explorer processes over ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
+
+The trainer (:class:`BroadcastSender`) hosts a ``TCPStore`` at ``host:port``. An explorer
+(:class:`BroadcastReceiver`) connects to it, takes a slot, and the two build a **process group of their
+own** (two ranks: trainer 0, explorer 1) under the slot's prefix of the store. So an explorer that dies
+breaks only its own channel (the trainer counts it and goes on), and one that (re)joins gets a new channel
+and at once the newest version the trainer pushed: it never waits for the next training step.
+
+On a channel, the trainer first sends the *layout* (names, dtypes, shapes of the tensors, as a byte
+tensor), then for each version a header ``[version, layout bytes or 0]`` and the tensors flattened into
+buckets of at most ``bucket_mb`` MB per dtype (:func:`buckets`); a tensor larger than a bucket goes alone.
+``push`` returns once every live explorer holds the version (or its channel failed, within ``timeout``
+seconds); the explorer keeps receiving in a background thread and :meth:`BroadcastReceiver.pull` loads the
+newest version received into its engine between batches.
+
+Without a network path from explorers to the trainer, use ``sync.method: published`` (the run directory).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from trine.models.protocol import RolloutModel
+
+log = logging.getLogger("trine")
+JOINS = "trine/joins"
+_FOREVER = timedelta(days=7)
+"""A receiver waits this long for the next version (trainer steps may take hours; a dead trainer closes
+the connection at once)."""
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto``: NCCL where CUDA is available, else gloo."""
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError(
+            "sync.broadcast_backend='nccl' needs CUDA, which this process does not see; use gloo or auto"
+        )
+    return backend
+
+
+def rollout_state(model: nn.Module) -> dict[str, Tensor]:
+    """The weights a rollout engine loads (:func:`trine.models.export.rollout_state_dict` where it exists)."""
+    try:
+        from trine.models.export import rollout_state_dict
+    except ImportError:
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    return rollout_state_dict(model)
+
+
+def buckets(layout: list[tuple[str, str, list[int]]], bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``layout`` grouped into buckets: same dtype, at most ``bucket_bytes`` each (a larger
+    tensor alone), in layout order within a dtype."""
+    out: list[list[int]] = []
+    open_: dict[str, tuple[list[int], int]] = {}
+    for i, (_, dtype, shape) in enumerate(layout):
+        size = _numel(shape) * torch.empty((), dtype=_dtype(dtype)).element_size()
+        current, used = open_.get(dtype, ([], 0))
+        if current and used + size > bucket_bytes:
+            out.append(current)
+            current, used = [], 0
+        current.append(i)
+        open_[dtype] = (current, used + size)
+    out += [indices for indices, _ in open_.values() if indices]
+    return out
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name.removeprefix("torch."))
+
+
+def _group(store: Any, prefix: str, rank: int, backend: str, timeout: timedelta) -> Any:
+    import torch.distributed as dist
+
+    scoped = dist.PrefixStore(prefix, store)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(scoped, rank, 2, options)
+    return dist.ProcessGroupGloo(scoped, rank, 2, timeout)
+
+
+def _broadcast(group: Any, tensor: Tensor) -> None:
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    group.broadcast([tensor], opts).wait()
+
+
+class _Channel:
+    """The trainer's end of one explorer's process group, with its own sender thread."""
+
+    def __init__(self, sender: BroadcastSender, slot: int) -> None:
+        self.sender, self.slot = sender, slot
+        self.name = "?"
+        self.joined = False
+        self.sent = -1
+        self.layout_sent: str | None = None
+        self.alive = True
+        self.thread = threading.Thread(target=self._run, name=f"trine-broadcast-{slot}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        s = self.sender
+        try:
+            self.name = s.store.get(f"trine/join/{self.slot}").decode()
+            group = _group(s.store, f"trine/ch/{self.slot}", 0, s.backend, s.timeout)
+            self.joined = True
+            while not s.closed:
+                with s.cond:
+                    s.cond.wait_for(lambda: s.closed or (s.current is not None and s.current[0] > self.sent))
+                    if s.closed:
+                        return
+                    version, layout, tensors = s.current  # type: ignore[misc]
+                self._send(group, version, layout, tensors)
+                with s.cond:
+                    self.sent = version
+                    s.cond.notify_all()
+        except Exception as err:  # a dead or hung explorer: only its channel ends
+            if not s.closed:
+                log.warning("weight broadcast to %s (slot %d) failed: %s", self.name, self.slot, err)
+                s.failures += 1
+        finally:
+            with s.cond:
+                self.alive = False
+                s.cond.notify_all()
+
+    def _send(self, group: Any, version: int, layout: str, tensors: list[Tensor]) -> None:
+        device = tensors[0].device if tensors else torch.device("cpu")
+        encoded = b"" if layout == self.layout_sent else layout.encode()
+        _broadcast(group, torch.tensor([version, len(encoded)], dtype=torch.int64, device=device))
+        if encoded:
+            _broadcast(group, torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(device))
+            self.layout_sent = layout
+        for indices in buckets(json.loads(layout)["tensors"], self.sender.bucket_bytes):
+            flat = torch.cat([tensors[i].reshape(-1) for i in indices])
+            _broadcast(group, flat)
+
+
+class BroadcastSender:
+    """The trainer's side: hosts the rendezvous store at ``host:port`` (port 0: a free one; ``address``
+    says which) and sends every pushed version to every joined explorer (see the module docstring)."""
+
+    def __init__(
+        self, host: str, port: int, bucket_mb: float = 64, backend: str = "auto", timeout: float = 60.0
+    ) -> None:
+        import torch.distributed as dist
+
+        if bucket_mb <= 0 or timeout <= 0:
+            raise ValueError(f"bucket_mb={bucket_mb}, timeout={timeout}: both must be > 0")
+        self.backend = resolve_backend(backend)
+        self.timeout = timedelta(seconds=timeout)
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=self.timeout)
+        self.address = f"{host}:{self.store.port}"
+        self.store.add(JOINS, 0)
+        self.cond = threading.Condition()
+        self.current: tuple[int, str, list[Tensor]] | None = None
+        """The newest pushed version: (version, layout as JSON, tensors ready to send)."""
+        self.channels: list[_Channel] = []
+        self.failures = 0
+        self.closed = False
+        self.seconds = 0.0
+        self._acceptor = threading.Thread(target=self._accept, name="trine-broadcast-accept", daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        seen = 0
+        while not self.closed:
+            try:
+                joined = int(self.store.add(JOINS, 0))
+            except Exception:  # the store is gone (closing)
+                return
+            for slot in range(seen + 1, joined + 1):
+                with self.cond:
+                    self.channels.append(_Channel(self, slot))
+            seen = max(seen, joined)
+            time.sleep(0.05)
+
+    def push(self, model: nn.Module, version: int) -> None:
+        """Send ``model``'s weights as ``version`` to every live explorer; returns when each holds it or
+        its channel failed (a failure costs only that explorer, counted in ``sync/broadcast_failures``)."""
+        start = time.perf_counter()
+        state = rollout_state(model)
+        device = "cuda" if self.backend == "nccl" else "cpu"
+        tensors = [t.detach().to(device, copy=True).contiguous() for t in state.values()]
+        tensors_layout = [[k, str(t.dtype), list(t.shape)] for k, t in zip(state, tensors)]
+        layout = json.dumps({"bucket_bytes": self.bucket_bytes, "tensors": tensors_layout})
+        with self.cond:
+            self.current = (version, layout, tensors)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: all(c.sent >= version or not c.alive for c in self._ready()))
+        self.seconds += time.perf_counter() - start
+
+    def _ready(self) -> list[_Channel]:
+        """Channels that finished joining (a channel still forming its group does not hold up a push)."""
+        return [c for c in self.channels if c.joined]
+
+    def pull(self, engine: RolloutModel, version: int, timeout: float | None = None) -> None:
+        raise TypeError("BroadcastSender is the trainer's side: explorers pull with BroadcastReceiver")
+
+    def latest(self) -> int | None:
+        with self.cond:
+            return None if self.current is None else self.current[0]
+
+    def metrics(self) -> dict[str, float]:
+        with self.cond:
+            live = sum(c.alive for c in self.channels)
+        return {"sync/receivers": float(live), "sync/broadcast_failures": float(self.failures)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+
+class BroadcastReceiver:
+    """An explorer's side: joins the trainer's store at ``address`` (``host:port``) as ``name`` and keeps
+    receiving versions in a background thread (reconnecting if the trainer goes away); :meth:`pull` loads
+    the newest received into the engine."""
+
+    def __init__(self, address: str, name: str, backend: str = "auto", timeout: float = 60.0) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"sync.address={address!r}: expected host:port, e.g. 10.0.0.1:29600")
+        self.host, self.port, self.name = host, int(port), name
+        self.backend = resolve_backend(backend)
+        self.timeout = timedelta(seconds=timeout)
+        self.cond = threading.Condition()
+        self.received: tuple[int, dict[str, Tensor]] | None = None
+        self.error: str | None = None
+        self.closed = False
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="trine-broadcast-receive", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- background
+    def _run(self) -> None:
+        while not self.closed:
+            try:
+                self._receive_all(self._join())
+            except Exception as err:  # the trainer went away or was not up yet: join again
+                if self.closed:
+                    return
+                log.info("weight broadcast from %s:%d: %s; joining again", self.host, self.port, err)
+                time.sleep(1.0)
+
+    def _join(self) -> Any:
+        import torch.distributed as dist
+
+        store = dist.TCPStore(self.host, self.port, is_master=False, timeout=self.timeout)
+        slot = int(store.add(JOINS, 1))
+        store.set(f"trine/join/{slot}", self.name)
+        return _group(store, f"trine/ch/{slot}", 1, self.backend, _FOREVER)
+
+    def _receive_all(self, group: Any) -> None:
+        device = "cuda" if self.backend == "nccl" else "cpu"
+        layout: list[tuple[str, str, list[int]]] = []
+        bucket_bytes = 1
+        while not self.closed:
+            header = torch.zeros(2, dtype=torch.int64, device=device)
+            _broadcast(group, header)
+            version, size = int(header[0]), int(header[1])
+            start = time.perf_counter()
+            if size:
+                raw = torch.zeros(size, dtype=torch.uint8, device=device)
+                _broadcast(group, raw)
+                message = json.loads(bytes(raw.cpu().tolist()).decode())
+                layout, bucket_bytes = message["tensors"], message["bucket_bytes"]
+            state: dict[str, Tensor] = {}
+            for indices in buckets(layout, bucket_bytes):
+                self._receive_bucket(group, layout, indices, state, device)
+            with self.cond:
+                self.received = (version, state)
+                self.seconds += time.perf_counter() - start
+                self.cond.notify_all()
+
+    def _receive_bucket(
+        self, group: Any, layout: list, indices: list[int], state: dict[str, Tensor], device: str
+    ) -> None:
+        dtype = _dtype(layout[indices[0]][1])
+        flat = torch.empty(sum(_numel(layout[i][2]) for i in indices), dtype=dtype, device=device)
+        _broadcast(group, flat)
+        offset = 0
+        for i in indices:
+            name, _, shape = layout[i]
+            n = _numel(shape)
+            state[name] = flat[offset : offset + n].view(shape)
+            offset += n
+
+    # ----------------------------------------------------------------- explorer side
+    def latest(self) -> int | None:
+        with self.cond:
+            return None if self.received is None else self.received[0]
+
+    def wait_for_first(self, timeout: float | None = None) -> int:
+        """Wait until a first version arrived and return it; TimeoutError after ``timeout`` seconds."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.received is not None or self.closed, timeout)
+            if self.received is None:
+                raise TimeoutError(
+                    f"no weights arrived from the trainer at {self.host}:{self.port} within {timeout}s "
+                    "(sync.wait_timeout); is the trainer running, and is that address reachable from here?"
+                )
+            return self.received[0]
+
+    def pull(self, engine: RolloutModel, version: int, timeout: float | None = None) -> None:
+        """Load the newest received version (>= ``version``, waiting up to ``timeout`` for it)."""
+        with self.cond:
+            ok = self.cond.wait_for(
+                lambda: self.closed or (self.received is not None and self.received[0] >= version), timeout
+            )
+            if not ok or self.received is None or self.received[0] < version:
+                raise TimeoutError(f"weights version {version} did not arrive within {timeout}s")
+            newest, state = self.received
+        if engine.policy_version == newest:
+            return
+        start = time.perf_counter()
+        try:
+            engine.load_weights(state, newest)
+        except (RuntimeError, KeyError) as err:
+            raise RuntimeError(
+                f"the weights broadcast by the trainer do not fit this explorer's model ({err}); every process "
+                "of a run must load the same model.path"
+            ) from err
+        self.seconds += time.perf_counter() - start
+
+    def push(self, model: nn.Module, version: int) -> None:
+        raise TypeError("BroadcastReceiver is an explorer's side: the trainer pushes with BroadcastSender")
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
