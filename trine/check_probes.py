@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 
 from trine.models.batching import collate, forward_logprobs
+from trine.models.sampling import kept_set
 from trine.tools import format_tool_call
 from trine.types import Completion, SamplingParams
 from trine.workflows.trajectory import ChatDelta, Trajectory
@@ -46,13 +47,13 @@ RETOKENIZE_NOTE = (
     "keeps the sampled ids (token-in token-out), so what is trained is what was sampled."
 )
 UNTRUNCATED_NOTE = (
-    "With top-p / top-k the engine reports the untruncated log_softmax(logits / T), which is what the "
-    "trainer recomputes; the two must agree."
+    "With top-p / top-k the engine reports log pi_trunc (the kept set renormalised) and the trainer replays "
+    "the same truncation from Experience.info top_k / top_p; the two must agree."
 )
 TRUNCATION_NOTE = (
     "The truncation gap is log pi_trunc(y) - log pi(y) = -log(kept probability mass) at the sampled tokens: "
-    "the sampler drew from the kept set renormalised, the trainer's ratio uses the untruncated pi, so every "
-    "token carries this off-policy bias. RL usually samples with top_p=1, top_k=0."
+    "how far the sampled distribution is from the untruncated policy. The trainer replays the truncation, so "
+    "it is no off-policy bias, but the policy only learns about the kept tokens."
 )
 
 
@@ -401,6 +402,8 @@ def logprob_rows(model: Any, tokenizer: Any, sample: Sampled, tolerance: float) 
     the concatenated experience); for a truncated variant also the truncation gap (:func:`truncation_gap`)."""
     traj, params = sample.traj, sample.params
     exp = traj.experience(None, temperature=params.temperature)
+    if params.top_k > 0 or params.top_p < 1:  # what the explorer records, so the trainer replays it
+        exp.info.update(top_k=params.top_k, top_p=params.top_p)
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batch = collate([exp], [0], pad, device)
@@ -445,7 +448,7 @@ def logprob_rows(model: Any, tokenizer: Any, sample: Sampled, tolerance: float) 
         gap, outside = truncation_gap(
             logits[trained], batch.targets[0].cpu()[trained], params.top_k, params.top_p
         )
-        rows.append(_truncation_row(sample, gap, outside, tolerance))
+        rows.append(_truncation_row(sample, gap, outside))
     return rows
 
 
@@ -462,24 +465,9 @@ def truncation_gap(
     return -log_mass[inside], int((~inside).sum())
 
 
-def kept_set(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Which tokens top-k (k > 0) then top-p (p < 1, over the top-k set renormalised) keep, per row of
-    ``logp`` ``[N, V]``: top-p keeps the most likely tokens while the probability before each is <= p."""
-    keep = torch.ones_like(logp, dtype=torch.bool)
-    if top_k > 0:
-        kth = logp.topk(min(top_k, logp.shape[-1]), dim=-1).values[:, -1:]
-        keep &= logp >= kth
-    if top_p < 1:
-        renorm = torch.log_softmax(logp.masked_fill(~keep, float("-inf")), dim=-1)
-        ordered, order = renorm.sort(dim=-1, descending=True)
-        probs = ordered.exp()
-        keep &= torch.zeros_like(keep).scatter(-1, order, (probs.cumsum(-1) - probs) <= top_p)
-    return keep
-
-
-def _truncation_row(sample: Sampled, gap: torch.Tensor, outside: int, tolerance: float) -> CheckRow:
+def _truncation_row(sample: Sampled, gap: torch.Tensor, outside: int) -> CheckRow:
     mean, most = (float(gap.mean()), float(gap.max())) if gap.numel() else (0.0, 0.0)
-    result: Result = "WARN" if sample.configured and most > tolerance else "INFO"
+    result: Result = "INFO"
     detail = (
         "the config samples with it" if sample.configured else "for information: the config does not truncate"
     )

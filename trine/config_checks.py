@@ -172,6 +172,22 @@ def algorithm_problems(cfg: RunConfig, preset: Any) -> list[str]:
         )
     if algo.rollout_args:
         problems += argument_problems(cfg.tasks, cfg.mode, algo)
+    correcting = [
+        f"rollout_is: {algo.rollout_is}" if algo.rollout_is != "off" else "",
+        f"rollout_mask_threshold: {algo.rollout_mask_threshold}" if algo.rollout_mask_threshold else "",
+    ]
+    correcting = [c for c in correcting if c]
+    if correcting and not cfg.trainer.recompute_logprobs:
+        problems.append(
+            f"algorithm.{' and '.join(correcting)} weighs the trainer's logprobs against the rollout engine's; "
+            "set trainer.recompute_logprobs: true (without it the trainer trains on the engine's logprobs and "
+            "there is nothing to correct)"
+        )
+    if correcting and algo.advantage is None:
+        problems.append(
+            f"algorithm.{' and '.join(correcting)} corrects rollouts, but algorithm {algo.name!r} has no "
+            "advantages (supervised or pairwise); remove the rollout correction settings"
+        )
     return problems
 
 

@@ -135,6 +135,15 @@ class AlgorithmConfig(Section):
     """Overlong reward shaping: the penalty at max_tokens."""
     expert_ratio: NonNeg | None = None
     """MIX: expert rows per rollout row (from ``tasks.expert``)."""
+    rollout_is: Literal["off", "token", "sequence"] | None = None
+    """Rollout correction for an engine whose logprobs differ from the trainer's (vLLM, bf16 kernels):
+    truncated importance weights ``min(π_old / π_rollout, cap)`` per ``token`` or per ``sequence`` (TIS);
+    needs ``trainer.recompute_logprobs: true``. ``trainer/rollout_kl`` reports the mismatch either way."""
+    rollout_is_cap: Positive | None = None
+    """Rollout correction: the cap of the importance weights (default 2)."""
+    rollout_mask_threshold: Annotated[float, Field(gt=1)] | None = None
+    """Rollout correction: drop sequences whose geometric-mean ratio ``π_old / π_rollout`` lies outside
+    ``[1/M, M]`` (masked importance sampling); needs ``trainer.recompute_logprobs: true``."""
 
     _name = field_validator("name")(lambda v: _check_name("algorithm", v))
     _adv = field_validator("advantage")(lambda v: _check_name("advantage", v))

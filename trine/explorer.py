@@ -190,6 +190,9 @@ class Explorer:
                 e.run_id = e.run_id or new_id("run-")
                 e.policy_version = version
                 e.info.setdefault("batch", index)
+                if _truncates(task.sampling):  # the trainer replays it (trine.models.sampling)
+                    e.info.setdefault("top_k", task.sampling.top_k)
+                    e.info.setdefault("top_p", task.sampling.top_p)
                 if "token_versions" in e.info:  # a partial rollout: its tokens span versions
                     e.info["version_spread"] = max(e.info["token_versions"]) - version
             experiences.extend(exps)
@@ -554,3 +557,8 @@ def _takes(fn: Any, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _truncates(sampling: Any) -> bool:
+    """Whether ``sampling`` draws from a top-k / top-p truncated distribution (greedy does not)."""
+    return sampling.temperature > 0 and (sampling.top_k > 0 or sampling.top_p < 1)

@@ -27,8 +27,10 @@ def new_id(prefix: str = "") -> str:
 class SamplingParams:
     """How a rollout model samples one request.
 
-    Logprobs are always those of the temperature-scaled distribution *before* top-p/top-k
-    truncation, which is what the trainer recomputes (``log_softmax(logits / temperature)``).
+    Logprobs are those of the distribution a token was drawn from: ``log_softmax(logits / temperature)``,
+    truncated to the top-k / top-p kept set and renormalised when top_k > 0 or top_p < 1. The trainer
+    recomputes the same quantity (:mod:`trine.models.sampling`) from ``Experience.info["top_k"]`` /
+    ``["top_p"]``, which the explorer records from the task's sampling settings.
     """
 
     temperature: float = 1.0

@@ -57,7 +57,7 @@ def test_engine_logprobs_match_the_trainers_recomputation(engine, model, tokeniz
                     prompt_length=len(c.prompt_ids),
                     action_mask=[1] * len(c.response_ids),
                     logprobs=c.logprobs,
-                    info={"temperature": params.temperature},
+                    info={"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p},
                 )
             )
     assert len({len(e.tokens) for e in experiences}) > 3  # a ragged batch, lots of padding
@@ -95,7 +95,7 @@ def test_greedy_equals_hf_generate(engine, model, tokenizer):
         assert_greedy_matches_hf_generate(engine, model, tokenizer, prompt)
 
 
-def test_top_k_one_equals_greedy_and_reports_untruncated_logprobs(engine, tokenizer):
+def test_top_k_one_equals_greedy_and_reports_the_truncated_logprob(engine, tokenizer):
     prompt = prompts(tokenizer)[1]
     (greedy,), (top1,) = engine.generate_batch(
         [
@@ -104,9 +104,9 @@ def test_top_k_one_equals_greedy_and_reports_untruncated_logprobs(engine, tokeni
         ]
     )
     assert top1.response_ids == greedy.response_ids
-    # logprobs are of the T=1 distribution before truncation (not log 1 = 0)
-    assert top1.logprobs == pytest.approx(greedy.logprobs, abs=1e-5)
-    assert max(top1.logprobs) < -1e-3
+    # logprobs are of the distribution sampled from: one token kept, log 1 = 0 (greedy reports log π)
+    assert top1.logprobs == pytest.approx([0.0] * len(top1.logprobs), abs=1e-6)
+    assert max(greedy.logprobs) < -1e-3
 
 
 def test_max_tokens_and_finish_reasons(engine, tokenizer):

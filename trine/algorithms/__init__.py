@@ -54,6 +54,7 @@ from trine.algorithms.losses_offpolicy import (
     opmd_pairwise_loss,
     sequence_logps,
 )
+from trine.algorithms.rollout_correction import correction_metrics, rollout_correction
 from trine.algorithms.presets import (
     EXPLORER_FIELDS,
     PRESETS,
@@ -95,6 +96,8 @@ LOSSES = {
 }
 
 __all__ = [
+    "correction_metrics",
+    "rollout_correction",
     "ADVANTAGES",
     "ADVANTAGE_INPUTS",
     "AGG_MODES",

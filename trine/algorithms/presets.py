@@ -80,6 +80,14 @@ class Algorithm:
     """DAPO overlong shaping: the penalty reached at max_tokens."""
     expert_ratio: float = 0.0
     """MIX: expert (SFT) rows added per rollout row, from ``tasks.expert``."""
+    rollout_is: str = "off"
+    """Rollout correction (:mod:`trine.algorithms.rollout_correction`): truncated importance weights
+    between the trainer's recomputed and the engine's logprobs, per ``token`` or ``sequence``; ``off``."""
+    rollout_is_cap: float = 2.0
+    """Rollout correction: the cap C of the truncated importance weights ``min(ρ, C)``."""
+    rollout_mask_threshold: float | None = None
+    """Rollout correction: drop sequences whose geometric-mean ratio ``π_old / π_rollout`` is outside
+    ``[1/M, M]``; None keeps every sequence."""
     from_rollouts: bool = True
     """True: trains on explorer rollouts. False: trains from a dataset (``train`` mode)."""
     paper: str = ""

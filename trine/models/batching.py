@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trine.models.sampling import truncated_logprobs
 from trine.types import Experience
 
 
@@ -29,6 +30,7 @@ class MicroBatch:
     temperature: Tensor  # [B, 1, 1]
     rows: list[int]  # indices of the experiences in the step's list
     extras: dict[str, Tensor] = field(default_factory=dict)  # per-token tensors added by the trainer
+    truncation: tuple[Tensor, Tensor] | None = None  # per-row (top_k [B, 1], top_p [B, 1]) to replay
 
     @property
     def num_tokens(self) -> int:
@@ -80,7 +82,7 @@ def collate(
     mask = torch.zeros((n, resp), dtype=torch.float32)
     old = torch.zeros((n, resp), dtype=torch.float32)
     has_old = all(e.logprobs is not None for e in exps)
-    temps = []
+    temps, top_k, top_p = [], [], []
     for i, e in enumerate(exps):
         if e.prompt_length < 1:
             raise ValueError(
@@ -96,6 +98,14 @@ def collate(
                 old[i, resp - r :] = torch.tensor(e.logprobs, dtype=torch.float32)
         t = e.info.get("temperature", default_temperature)
         temps.append(t if t and t > 0 else 1.0)
+        top_k.append(int(e.info.get("top_k") or 0))
+        top_p.append(float(e.info.get("top_p") or 1.0))
+    truncation = None
+    if any(k > 0 for k in top_k) or any(p < 1 for p in top_p):
+        truncation = (
+            torch.tensor(top_k, dtype=torch.long, device=device).view(-1, 1),
+            torch.tensor(top_p, dtype=torch.float32, device=device).view(-1, 1),
+        )
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     return MicroBatch(
         input_ids=ids.to(device),
@@ -106,6 +116,7 @@ def collate(
         old_logprobs=old.to(device) if has_old else None,
         temperature=torch.tensor(temps, dtype=torch.float32, device=device).view(-1, 1, 1),
         rows=list(rows),
+        truncation=truncation,
     )
 
 
@@ -124,8 +135,10 @@ def forward_logprobs(
     """Per-token logprobs ``[B, R]`` of ``batch.targets`` under ``model`` (temperature-scaled).
 
     ``log π(y_t) = z_{y_t}/T - logsumexp(z/T)`` from the logits of the positions that predict the
-    response tokens only (``logits_to_keep``). With ``entropy_fn`` also the per-token entropy
-    (with gradient only when ``entropy_grad``, for an entropy bonus).
+    response tokens only (``logits_to_keep``). Rows sampled with top-k / top-p (``batch.truncation``)
+    replay the truncation: ``log π_trunc(y)`` over the kept set (:func:`truncated_logprobs`), which is
+    what the engine reported. With ``entropy_fn`` also the per-token entropy of the untruncated
+    distribution (with gradient only when ``entropy_grad``, for an entropy bonus).
     """
     resp = batch.targets.shape[1]
     out = model(
@@ -136,7 +149,12 @@ def forward_logprobs(
         logits_to_keep=resp + 1,
     )
     logits = out.logits[:, :-1].float() / batch.temperature
-    logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    if batch.truncation is None:
+        logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
+            logits, dim=-1
+        )
+    else:
+        logprobs = truncated_logprobs(logits, batch.targets, *batch.truncation)
     entropy = None
     if entropy_fn is not None:
         if entropy_grad:

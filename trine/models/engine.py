@@ -7,8 +7,9 @@ so the event loop stays free for rewards and environments.
 The sampling loop prefills each distinct prompt once, expands the KV cache to the ``n`` samples
 of its request, then decodes token by token with per-row temperature / top-p / top-k / max_tokens /
 stop tokens / stop strings. Finished rows are dropped from the batch (and the cache) as they end.
-Returned logprobs are ``log_softmax(logits / temperature)`` of the sampled token *before* top-p/top-k
-truncation — exactly what the trainer recomputes — and greedy rows (temperature 0) report
+Returned logprobs are those of the distribution each token was drawn from: ``log_softmax(logits /
+temperature)``, truncated to the top-k / top-p kept set and renormalised when the row truncates
+(:mod:`trine.models.sampling`, which the trainer replays); greedy rows (temperature 0) report
 ``log_softmax(logits)``.
 
 **Partial rollout** (``partial_rollout=True``, ``explorer.partial_rollout`` in the config): work handed to
@@ -47,6 +48,7 @@ from trine.models.prefix_cache import (
     supports_prefix_reuse,
     weights_fingerprint,
 )
+from trine.models.sampling import kept_set
 from trine.types import Completion, SamplingParams
 
 
@@ -349,17 +351,24 @@ class HFEngine:
             store.put(tokens, keys, values)
 
     def _pick(self, logits: Tensor, batch: _Batch) -> tuple[Tensor, Tensor]:
-        """Next token per row (greedy rows: argmax) and its logprob under ``logits / temperature``."""
+        """Next token per row (greedy rows: argmax) and its logprob under ``logits / temperature``,
+        truncated and renormalised for rows sampled with top-k / top-p (:mod:`trine.models.sampling`)."""
         logp = torch.log_softmax(logits / batch.temperature[:, None] if batch.any_sampled else logits, dim=-1)
         if not batch.any_sampled:
             tok = logp.argmax(-1)
         else:
-            filtered = _filter(logp, batch.top_k, batch.top_p) if batch.any_filter else logp
+            filtered = logp
+            if batch.any_filter:
+                filtered = logp.masked_fill(~kept_set(logp, batch.top_k, batch.top_p), float("-inf"))
             tok = torch.multinomial(filtered.exp(), 1, generator=self.generator).squeeze(-1)
             for i, gen in batch.seeded():
                 tok[i] = torch.multinomial(filtered[i].exp(), 1, generator=gen)[0]
             if batch.any_greedy:
                 tok = torch.where(batch.greedy, logp.argmax(-1), tok)
+            if batch.any_filter:  # the truncated distribution's logprob (trine.models.sampling)
+                chosen = filtered.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(filtered, dim=-1)
+                truncating = ((batch.top_k > 0) | (batch.top_p < 1)) & ~batch.greedy
+                return tok, torch.where(truncating, chosen, logp.gather(-1, tok[:, None]).squeeze(-1))
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
@@ -408,22 +417,6 @@ class _Batch:
                     if any(x in tail for x in strings):
                         ended[i] = stopped[i] = True
         return ended & self.alive, stopped
-
-
-def _filter(logp: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
-    """Mask logprobs outside each row's top-k (k > 0) and nucleus top-p (p < 1) with -inf."""
-    out = logp
-    if bool((top_k > 0).any()):
-        k = torch.where(top_k > 0, top_k, logp.shape[-1]).clamp(max=logp.shape[-1])
-        kth = torch.sort(logp, dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
-        out = out.masked_fill(out < kth, float("-inf"))
-    if bool((top_p < 1).any()):
-        sorted_lp, order = torch.sort(out, dim=-1, descending=True)
-        probs = torch.softmax(sorted_lp, dim=-1)
-        drop_sorted = (probs.cumsum(-1) - probs) > top_p[:, None]
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        out = out.masked_fill(drop, float("-inf"))
-    return out
 
 
 class _RowParams:

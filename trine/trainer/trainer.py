@@ -27,6 +27,7 @@ from trine.algorithms import (
     Algorithm,
     adaptive_kl_coef,
     aggregate,
+    correction_metrics,
     entropy_bonus,
     entropy_from_logits,
     gae,
@@ -35,6 +36,7 @@ from trine.algorithms import (
     outcome_token_rewards,
     resolve_advantage,
     resolve_loss,
+    rollout_correction,
     sequence_logps,
     split_normalizer,
     step_normalizer,
@@ -226,16 +228,45 @@ class Trainer:
         if algo.needs_ref and algo.kl_mode == "reward":
             self._kl_into_rewards(exps, batches, step, width, stats)
         advantages = self._advantages(exps, step, stats)
+        mismatch: dict[str, float] = {}
         for batch in batches:
             rows, w = batch.rows, batch.targets.shape[1]
             if advantages is not None:
                 batch.extras["advantages"] = slice_rows(advantages, rows, w).to(self.device)
+                if "rollout_logprobs" in batch.extras:
+                    self._correct_rollout(batch, mismatch)
             for name in loss_names & set(step):
                 batch.extras[name] = slice_rows(step[name], rows, w).to(self.device)
             if self.critic is not None:
                 batch.extras["old_values"] = slice_rows(step["values"], rows, w).to(self.device)
                 batch.extras["returns"] = slice_rows(step["returns"], rows, w).to(self.device)
+        if mismatch:
+            stats.add_once(correction_metrics(mismatch))
         return [(mbs, self._normalizers(mbs)) for mbs, _ in minis]
+
+    def _correct_rollout(self, batch: MicroBatch, sums: dict[str, float]) -> None:
+        """Rollout correction (``algorithm.rollout_is`` / ``rollout_mask_threshold``): the advantages
+        scaled by the truncated importance weights, masked sequences out of the loss; the mismatch
+        metrics (``trainer/rollout_kl``, ...) whenever engine logprobs were replaced by the trainer's."""
+        algo = self.algorithm
+        rollout = batch.extras.pop("rollout_logprobs")
+        weights, keep, part = rollout_correction(
+            batch.old_logprobs,
+            rollout,
+            batch.action_mask,
+            level=algo.rollout_is,  # type: ignore[arg-type]
+            cap=algo.rollout_is_cap,
+            mask_threshold=algo.rollout_mask_threshold,
+        )
+        for k, v in part.items():
+            sums[k] = sums.get(k, 0.0) + v
+        adv = batch.extras["advantages"]
+        if algo.rollout_is == "sequence" and adv.dim() == 1:  # one weight per row keeps [B] advantages
+            batch.extras["advantages"] = adv * weights.amax(-1)
+        elif algo.rollout_is != "off":
+            batch.extras["advantages"] = (adv.unsqueeze(-1) if adv.dim() == 1 else adv) * weights
+        if algo.rollout_mask_threshold is not None:
+            batch.action_mask = batch.action_mask * keep
 
     def _plan(self, exps: list[Experience]) -> list[tuple[list[MicroBatch], list[int]]]:
         order = list(range(len(exps)))
@@ -314,6 +345,8 @@ class Trainer:
     def _attach_logprobs(self, batch: MicroBatch) -> None:
         algo = self.algorithm
         if self.advantage_fn is not None and (self.recompute_logprobs or batch.old_logprobs is None):
+            if batch.old_logprobs is not None:  # the engine's: kept for the rollout correction
+                batch.extras["rollout_logprobs"] = batch.old_logprobs
             self.model.eval()
             batch.old_logprobs, _ = forward_logprobs(self.model, batch)
         if algo.needs_ref:
