@@ -94,9 +94,7 @@ def _exps(model, tokenizer, shift: float) -> list[Experience]:
     """Experiences whose engine logprobs are the model's own minus ``shift`` (a rollout engine that
     under-reports every token's probability by e^shift)."""
     out = []
-    for i, (q, a, r) in enumerate(
-        [("2+3?", "5 is it", 1.0), ("Hi", "hello there", 0.0), ("x", "yes no", 0.5)]
-    ):
+    for q, a, r in [("2+3?", "5 is it", 1.0), ("Hi", "hello there", 0.0), ("x", "yes no", 0.5)]:
         prompt, response = tokenizer(q)["input_ids"], tokenizer(a)["input_ids"]
         e = Experience(
             tokens=prompt + response,

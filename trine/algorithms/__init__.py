@@ -54,7 +54,6 @@ from trine.algorithms.losses_offpolicy import (
     opmd_pairwise_loss,
     sequence_logps,
 )
-from trine.algorithms.rollout_correction import correction_metrics, rollout_correction
 from trine.algorithms.presets import (
     EXPLORER_FIELDS,
     PRESETS,
@@ -64,6 +63,7 @@ from trine.algorithms.presets import (
     resolve_advantage,
     resolve_loss,
 )
+from trine.algorithms.rollout_correction import correction_metrics, rollout_correction
 
 ADVANTAGES = {
     "grpo": grpo_advantages,
