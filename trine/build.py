@@ -22,7 +22,9 @@ log = logging.getLogger("trine")
 
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
-    """Load the model and tokenizer (building a tiny preset model first if asked)."""
+    """Load the model and tokenizer (building a tiny preset model first if asked). ``path``: a
+    checkpoint's weights; with ``trainer.lora`` and an adapter saved in the checkpoint, the base model
+    from ``model.path`` instead, marked with ``trine_adapter_dir`` for the trainer to resume."""
     from trine.models import init_model, load_model, load_tokenizer
     from trine.models.loading import resolve_device
 
@@ -30,8 +32,13 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
     if path is None and m.init_preset and not Path(m.path).exists():
         init_model(m.init_preset, m.path, seed=cfg.seed)
     source = path or m.path
+    adapter = Path(path) / "adapter" if path is not None else None
+    if adapter is not None and cfg.trainer.lora is not None and adapter.is_dir():
+        source = m.path  # a LoRA checkpoint: the frozen base and the adapter trained on it
     device = resolve_device(m.device)
     model = load_model(source, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code)
+    if source != path and adapter is not None and adapter.is_dir():
+        model.trine_adapter_dir = str(adapter)  # read by the trainer's prepare_policy
     tokenizer = load_tokenizer(path or m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     return model, tokenizer
 
@@ -43,6 +50,10 @@ ROUTED: dict[type[BaseModel], dict[str, str]] = {
         "critic_lr": "the critic (trine.trainer.critic)",
         "critic_warmup_steps": "the critic (trine.trainer.critic)",
         "batch_size": "the trainer side (trine.roles.TrainerSide)",
+        "lora": "the policy preparation (trine.trainer.policy)",
+        "gradient_checkpointing": "the policy preparation (trine.trainer.policy)",
+        "fsdp": "the policy preparation (trine.trainer.policy)",
+        "ref_offload": "the reference model (trine.trainer.policy)",
     },
     TasksetConfig: {
         "response_key": "supervised rows (trine.tasks.supervised)",
@@ -220,9 +231,13 @@ def _trainer_process(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) ->
 
 def _trainer(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, total: int) -> Any:
     from trine.trainer import Trainer
+    from trine.trainer.policy import prepare_policy, reference_model
 
     t = cfg.trainer
-    ref_model = _frozen_copy(model) if algorithm.needs_ref else None
+    lora = t.lora.model_dump() if t.lora is not None else None
+    ref_model = None
+    if algorithm.needs_ref and lora is None:  # a frozen copy of the stage's start, taken before sharding
+        ref_model = reference_model(model, _frozen_copy, lora=False, offload=t.ref_offload)
     critic = None
     if algorithm.needs_critic:
         from trine.trainer.critic import Critic, ValueModel
@@ -235,8 +250,18 @@ def _trainer(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, total: 
             betas=t.betas,
             weight_decay=t.weight_decay,
         )
-    return Trainer(
+    policy = prepare_policy(
         model,
+        lora=lora,
+        gradient_checkpointing=t.gradient_checkpointing,
+        fsdp=t.fsdp,
+        adapter_dir=getattr(model, "trine_adapter_dir", None),
+        seed=cfg.seed,
+    )
+    if algorithm.needs_ref and lora is not None:  # the base: the policy with its adapters off
+        ref_model = reference_model(policy, _frozen_copy, lora=True, offload=False)
+    return Trainer(
+        policy,
         algorithm,
         pad_token_id=tokenizer.pad_token_id,
         ref_model=ref_model,
@@ -263,13 +288,15 @@ def _explorer_side(
     stage: Stage, algorithm: Any, scheduler: Any, model: Any, tokenizer: Any, run_dir: Path
 ) -> None:
     """Rollout engine, explorer, weight sync and buffer, as the explorer side and the trainer side
-    see them. With ``sync.method: copy`` the engine samples a snapshot copy of the weights and
-    evaluation gets its own engine over the trainer's weights."""
+    see them. With ``sync.method: copy`` the engine samples a snapshot copy of the weights (in the base
+    architecture: LoRA merged, shards gathered) and evaluation gets its own engine over the trainer's
+    weights."""
+    from trine.models.export import plain_copy
     from trine.sync import SYNC_METHODS
 
     cfg = stage.cfg
     snapshot = cfg.sync_method == "copy"
-    engine = _engine(cfg, _frozen_copy(model) if snapshot else model, tokenizer, cfg.explorer.partial_rollout)
+    engine = _engine(cfg, plain_copy(model) if snapshot else model, tokenizer, cfg.explorer.partial_rollout)
     sync = SYNC_METHODS[cfg.sync_method]()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
     explorer = _explorer(cfg, engine, rollouts)

@@ -24,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -46,7 +47,7 @@ from trine.config_base import (  # noqa: F401 - re-exported
     _check_name,
     _resolve_path,
 )
-from trine.config_checks import algorithm_problems, auxiliary_problems, mode_problems
+from trine.config_checks import algorithm_problems, auxiliary_problems, mode_problems, trainer_problems
 from trine.config_cluster import ClusterConfig  # noqa: F401
 from trine.config_format import format_error, section_reference
 from trine.config_learn import (  # noqa: F401
@@ -148,7 +149,7 @@ class RunConfig(Section):
     def _consistent(self) -> RunConfig:
         if self.tasks.train is None:
             raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
-        problems = mode_problems(self) + auxiliary_problems(self)
+        problems = mode_problems(self) + auxiliary_problems(self) + trainer_problems(self)
         if self.mode == "train" and (
             self.sync.sync_offset or self.sync.sync_interval != 1 or self.sync.method is not None
         ):
@@ -255,6 +256,12 @@ def validate_dict(
         if stage is not None:
             stages.append(stage)
         errors += [e for e in _check_shadowed(base, raw, context) if e not in errors]
+    loras = {json.dumps(s.trainer.lora.model_dump() if s.trainer.lora else None) for s in stages}
+    if len(loras) > 1:
+        errors.append(
+            "stages: trainer.lora differs between stages; adapters put on the model by one stage stay for the "
+            "next, so give every stage the same trainer.lora (or none)"
+        )
     names = [s.stage for s in stages]
     errors.extend(f"stages: stage name {n!r} is used twice" for n in sorted(set(names)) if names.count(n) > 1)
     return stages, errors

@@ -63,6 +63,36 @@ def _given(kind: str, name: str, param: str) -> dict[str, Any]:
         return {}
 
 
+def trainer_problems(cfg: RunConfig) -> list[str]:
+    """``trainer:`` settings the model or the installed packages cannot honour."""
+    import importlib.util
+
+    t, problems = cfg.trainer, []
+    if t.precision == "bf16":
+        from trine.models.loading import resolve_device, resolve_dtype
+
+        dtype = str(resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device))).removeprefix("torch.")
+        if dtype != "float32":
+            problems.append(
+                f"trainer.precision: bf16 keeps float32 master weights under bfloat16 autocast, but model.dtype "
+                f"{cfg.model.dtype!r} loads the weights as {dtype}; set model.dtype: float32 (or precision: fp32 "
+                "to train in the model's own dtype)"
+            )
+    if t.lora is not None and importlib.util.find_spec("peft") is None:
+        problems.append(
+            "trainer.lora needs the peft package: pip install 'trine[lora]' (or remove trainer.lora)"
+        )
+    if t.packed:
+        from transformers import masking_utils
+
+        if not hasattr(masking_utils, "find_packed_sequence_indices"):
+            problems.append(
+                "trainer.packed needs transformers >= 4.54 (packed-sequence attention masks); upgrade "
+                "transformers or set trainer.packed: false"
+            )
+    return problems
+
+
 def auxiliary_problems(cfg: RunConfig) -> list[str]:
     """Auxiliary models named in ``reward_args`` / ``workflow_args`` (``judge: ...``) that
     ``explorer.auxiliary_models`` does not define."""

@@ -150,6 +150,18 @@ class AlgorithmConfig(Section):
     _loss = field_validator("loss")(lambda v: _check_name("loss", v))
 
 
+class LoraConfig(Section):
+    rank: Count = 8
+    """LoRA rank r of the low-rank update ``W + (α / r) B A``."""
+    alpha: Positive = 16.0
+    """LoRA scaling α."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the LoRA branch's input."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: ``all-linear`` (every linear layer but the output head) or names such as
+    ``[q_proj, k_proj, v_proj, o_proj]``."""
+
+
 class TrainerConfig(Section):
     lr: Positive = 1e-5
     """Peak learning rate of AdamW."""
@@ -191,6 +203,26 @@ class TrainerConfig(Section):
     """Learning rate of the critic (algorithms with a critic, e.g. ppo); None: the policy's lr."""
     critic_warmup_steps: NonNegInt = 0
     """Steps during which only the critic is trained (the policy waits for useful values)."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """``bf16``: mixed precision — forward and backward under bfloat16 autocast while the weights, the
+    optimizer state and the loss math (logprobs, ratios, KL) stay float32 (load the model with
+    ``model.dtype: float32``). ``fp32``: everything float32 (the CPU default)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
+    lora: LoraConfig | None = None
+    """Train LoRA adapters (``peft``; ``pip install 'trine[lora]'``) instead of every weight. The
+    reference model is the policy with its adapters disabled (no second copy); rollout engines and
+    checkpoints get the merged weights, checkpoints also the adapter (``<checkpoint>/adapter``)."""
+    fsdp: bool = False
+    """Shard parameters, gradients and optimizer state with FSDP2 (``fully_shard`` per decoder layer) over
+    the trainer's process group (a one-process group is started when there is none)."""
+    ref_offload: bool = False
+    """Keep the frozen reference model in CPU memory and move it to the trainer's device only while it
+    scores a batch."""
+    packed: bool = False
+    """Pack each micro-batch's sequences into one row without padding (position ids restart per sequence;
+    attention stays within each sequence): no compute on pad tokens. Needs transformers with packed-sequence
+    masks (>= 4.54)."""
     batch_size: Count | None = None
     """Experiences the trainer takes from the buffer per step. None: one explored batch, whole (what
     sync mode trains on: ``tasks.batch_size`` tasks × ``repeat``, fewer if tasks were skipped or

@@ -133,6 +133,8 @@ class RunDir:
                 "summary": self.summary,
                 "records": {n: (self.path / n).stat().st_size for n in RECORDS if (self.path / n).is_file()},
             }
+            from trine.trainer.policy import own_weights
+
             save_checkpoint(
                 self.path / "checkpoints",
                 self.step,
@@ -141,7 +143,9 @@ class RunDir:
                 trainer_state=trainer.state_dict(),
                 loop_state=state,
                 keep=stage.cfg.trainer.keep_checkpoints,
-                extra_models={"ref_model": trainer.ref_model} if trainer.ref_model is not None else None,
+                extra_models={"ref_model": ref}
+                if (ref := own_weights(trainer.ref_model)) is not None
+                else None,
             )
 
     def finish(self, how: str) -> dict[str, Any]:
@@ -182,13 +186,14 @@ class RunDir:
 def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, Any], path: Path) -> None:
     """Put a freshly built stage back where the checkpoint at ``path`` left it."""
     trainer = stage.trainer.trainer
+    from trine.trainer.policy import own_weights
+
     trainer.load_state_dict(trainer_state)
-    if trainer.ref_model is not None:  # the reference is the stage's starting weights, not the checkpoint's
+    ref = own_weights(trainer.ref_model)
+    if ref is not None:  # the reference is the stage's starting weights, not the checkpoint's
         from safetensors.torch import load_file
 
-        trainer.ref_model.load_state_dict(
-            load_file(str(Path(path) / "ref_model" / "model.safetensors")), strict=False
-        )
+        ref.load_state_dict(load_file(str(Path(path) / "ref_model" / "model.safetensors")), strict=False)
     stage.load_state_dict(state)
 
 

@@ -130,7 +130,7 @@ def right_align(values: list[list[float]], resp: int, device: Any) -> Tensor:
 
 
 def forward_logprobs(
-    model: Any, batch: MicroBatch, *, entropy_fn: Any = None, entropy_grad: bool = False
+    model: Any, batch: MicroBatch, *, entropy_fn: Any = None, entropy_grad: bool = False, packed: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token logprobs ``[B, R]`` of ``batch.targets`` under ``model`` (temperature-scaled).
 
@@ -138,17 +138,11 @@ def forward_logprobs(
     response tokens only (``logits_to_keep``). Rows sampled with top-k / top-p (``batch.truncation``)
     replay the truncation: ``log π_trunc(y)`` over the kept set (:func:`truncated_logprobs`), which is
     what the engine reported. With ``entropy_fn`` also the per-token entropy of the untruncated
-    distribution (with gradient only when ``entropy_grad``, for an entropy bonus).
+    distribution (with gradient only when ``entropy_grad``, for an entropy bonus). ``packed``: one
+    forward over the rows packed without padding (:func:`packed_logits`), same numbers up to kernel
+    rounding.
     """
-    resp = batch.targets.shape[1]
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-        logits_to_keep=resp + 1,
-    )
-    logits = out.logits[:, :-1].float() / batch.temperature
+    logits = (packed_logits if packed else padded_logits)(model, batch).float() / batch.temperature
     if batch.truncation is None:
         logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
             logits, dim=-1
@@ -163,6 +157,38 @@ def forward_logprobs(
             with torch.no_grad():
                 entropy = entropy_fn(logits.detach())
     return logprobs, entropy
+
+
+def padded_logits(model: Any, batch: MicroBatch) -> Tensor:
+    """``[B, R, V]`` logits predicting the right-aligned targets, from the left-padded rows."""
+    resp = batch.targets.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=resp + 1,
+    )
+    return out.logits[:, :-1]
+
+
+def packed_logits(model: Any, batch: MicroBatch) -> Tensor:
+    """``[B, R, V]`` logits like :func:`padded_logits`, from one row holding every sequence back to back
+    (no pad tokens; position ids restart at 0 per sequence, which transformers turns into a
+    block-diagonal causal mask, or varlen kernels under flash attention). Only the positions that
+    predict a target are projected to the vocabulary (``logits_to_keep`` as indices)."""
+    lengths = batch.attention_mask.sum(-1)
+    resp = batch.targets.shape[1]
+    real = batch.attention_mask.bool()
+    ids = batch.input_ids[real].unsqueeze(0)
+    positions = batch.position_ids[real].unsqueeze(0)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    # target column j of row i sits at real position L_i - R + j and is predicted by the one before it
+    cols = torch.arange(resp, device=ids.device)
+    source = lengths[:, None] - resp + cols[None, :] - 1
+    index = (offsets[:, None] + source.clamp(min=0)).flatten()  # columns before the row: any position
+    out = model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=index)
+    return out.logits[0].view(len(lengths), resp, -1)
 
 
 @torch.no_grad()

@@ -41,6 +41,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from trine.models.export import rollout_state_dict
 from trine.models.protocol import RolloutModel
 
 WEIGHTS_FILE = "model.safetensors"
@@ -289,7 +290,7 @@ def _cpu_state(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str], lis
     tensors: dict[str, Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
-    state = model.state_dict()
+    state = rollout_state_dict(model)
     for key, value in state.items():
         ident = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
         if value.numel() > 0 and ident in seen:

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from trine.models.export import rollout_state_dict
 from trine.models.protocol import RolloutModel
 
 
@@ -57,7 +58,7 @@ class StateDictCopy:
 
     def push(self, model: nn.Module, version: int) -> None:
         start = time.perf_counter()
-        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        state = {k: v.to("cpu", copy=True) for k, v in rollout_state_dict(model).items()}
         with self._cond:
             self._states[version] = state
             self._cond.notify_all()

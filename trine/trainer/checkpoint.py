@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from trine.models.export import save_model
 from trine.models.loading import quiet_progress
 
 _STEP = re.compile(r"^step_(\d+)$")
@@ -53,7 +54,7 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with quiet_progress():
-        model.save_pretrained(tmp)
+        save_model(model, tmp)  # plain HF weights (LoRA merged, shards gathered) + a LoRA adapter
         for name, other in (extra_models or {}).items():
             other.save_pretrained(tmp / name)
     tokenizer.save_pretrained(tmp)

@@ -16,6 +16,7 @@ entropy, aggregation, normalizers, GAE returns, the critic's value loss) is impo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any
@@ -99,6 +100,8 @@ class Trainer:
         max_response_length: int | None = None,
         seed: int = 0,
         teacher: Any = None,
+        precision: str = "fp32",
+        packed: bool = False,
     ) -> None:
         self.model = model
         self.algorithm = algorithm
@@ -124,6 +127,12 @@ class Trainer:
         self.entropy_metric = entropy_metric
         self.max_response_length = max_response_length
         self.device = next(model.parameters()).device
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision {precision!r}: expected 'fp32' or 'bf16'")
+        self.precision = precision
+        """``bf16``: forwards under bfloat16 autocast, float32 weights and loss math (:meth:`autocast`)."""
+        self.packed = packed
+        """Micro-batches run packed, without padding (:func:`trine.models.batching.packed_logits`)."""
         params = [p for p in model.parameters() if p.requires_grad]
         adamw = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         try:
@@ -142,6 +151,17 @@ class Trainer:
         self.kl_coef = float(algorithm.kl_coef)
         """The KL coefficient in use (moves when the algorithm has an adaptive ``kl_target``)."""
         self._observed_kl = 0.0
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context every forward of the trainer runs in: bfloat16 autocast under ``precision:
+        bf16`` (matmuls in bf16, weights and the float32 logits math untouched), else nothing."""
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _logprobs(self, model: Any, batch: MicroBatch, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        with self.autocast():
+            return forward_logprobs(model, batch, packed=self.packed, **kwargs)
 
     # ------------------------------------------------------------------ the step
     def step(self, experiences: list[Experience]) -> dict[str, float]:
@@ -223,8 +243,9 @@ class Trainer:
             token_names |= {"token_rewards", "action_mask"}
             step["values"] = self._assemble(batches, self.critic.values, len(exps), width)
         step.update(token_inputs(exps, tuple(sorted(token_names)), width))
-        for batch in batches:
-            self._attach_logprobs(batch)
+        with getattr(self.ref_model, "on_device", contextlib.nullcontext)():  # ref_offload: moved once
+            for batch in batches:
+                self._attach_logprobs(batch)
         if algo.needs_ref and algo.kl_mode == "reward":
             self._kl_into_rewards(exps, batches, step, width, stats)
         advantages = self._advantages(exps, step, stats)
@@ -348,14 +369,14 @@ class Trainer:
             if batch.old_logprobs is not None:  # the engine's: kept for the rollout correction
                 batch.extras["rollout_logprobs"] = batch.old_logprobs
             self.model.eval()
-            batch.old_logprobs, _ = forward_logprobs(self.model, batch)
+            batch.old_logprobs, _ = self._logprobs(self.model, batch)
         if algo.needs_ref:
             if self.ref_model is None:
                 raise ValueError(
                     "the algorithm needs reference logprobs (kl_coef > 0 or a reference-based loss) "
                     "but no reference model was given to the Trainer."
                 )
-            batch.extras["ref_logprobs"], _ = forward_logprobs(self.ref_model, batch)
+            batch.extras["ref_logprobs"], _ = self._logprobs(self.ref_model, batch)
 
     def _normalizers(self, batches: list[MicroBatch]) -> dict[str, float]:
         algo = self.algorithm
@@ -384,7 +405,7 @@ class Trainer:
         algo = self.algorithm
         bonus = algo.entropy_coef > 0
         want_entropy = self.entropy_metric or bonus
-        logprobs, entropy = forward_logprobs(
+        logprobs, entropy = self._logprobs(
             self.model, batch, entropy_fn=entropy_from_logits if want_entropy else None, entropy_grad=bonus
         )
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
@@ -425,8 +446,8 @@ class Trainer:
                 rows = [i for p in part for i in pairs[p]]
                 batch = collate(exps, rows, self.pad_token_id, self.device)
                 with torch.no_grad():
-                    ref, _ = forward_logprobs(self.ref_model, batch)
-                logprobs, _ = forward_logprobs(self.model, batch)
+                    ref, _ = self._logprobs(self.ref_model, batch)
+                logprobs, _ = self._logprobs(self.model, batch)
                 seq, ref_seq = (
                     sequence_logps(logprobs, batch.action_mask),
                     sequence_logps(ref, batch.action_mask),
@@ -460,6 +481,7 @@ class Trainer:
     def _optimizer_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip if self.grad_clip > 0 else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
         if torch.isfinite(norm):
             self.optimizer.step()
         self.scheduler.step()
