@@ -38,6 +38,7 @@ class Crash(RuntimeError):
 def test_lora_bf16_packed_run_learns_its_adapter_and_resumes(
     arithmetic_config, sft_start, tmp_path, monkeypatch
 ):
+    pytest.importorskip("peft", reason="trainer.lora needs the `lora` extra: pip install 'trine[lora]'")
     scale = {**SCALE, "model": {"path": str(sft_start)}}  # answers right often enough for a gradient
     run(load_config(arithmetic_config(scale, name="full")))
     full = read_metrics(tmp_path / "full")

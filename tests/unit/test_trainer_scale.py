@@ -106,6 +106,7 @@ def test_fsdp2_on_one_process_matches_the_plain_step(tiny_model_dir):
 
 
 def test_lora_trains_adapters_only_and_hands_out_merged_weights(tiny_model_dir, tmp_path):
+    pytest.importorskip("peft", reason="trainer.lora needs the `lora` extra: pip install 'trine[lora]'")
     base = load_model(tiny_model_dir)
     start = {k: v.clone() for k, v in base.state_dict().items()}
     policy = prepare_policy(load_model(tiny_model_dir), lora=LORA)
