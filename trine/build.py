@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trine import registry
-from trine.config import ExplorerConfig, RunConfig, TasksetConfig, TrainerConfig
+from trine.config import VLLM_ENGINES, ExplorerConfig, RunConfig, TasksetConfig, TrainerConfig, VLLMConfig
 from trine.roles import Evaluator, ExpertRows, ExplorerSide, Shaping, Stage, SupervisedSource, TrainerSide
 
 log = logging.getLogger("trine")
@@ -296,7 +296,10 @@ def _explorer_side(
 
     cfg = stage.cfg
     snapshot = cfg.sync_method == "copy"
-    engine = _engine(cfg, plain_copy(model) if snapshot else model, tokenizer, cfg.explorer.partial_rollout)
+    vllm = cfg.model.engine in VLLM_ENGINES  # holds its own copy of the weights on the GPU
+    engine = _engine(
+        cfg, plain_copy(model) if snapshot and not vllm else model, tokenizer, cfg.explorer.partial_rollout
+    )
     sync = SYNC_METHODS[cfg.sync_method]()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
     explorer = _explorer(cfg, engine, rollouts)
@@ -310,6 +313,8 @@ def _explorer_side(
     side.buffer, side.sync, side.sync_interval = stage.explorer.buffer, sync, cfg.sync.sync_interval
     side.batch_size, side.get_timeout = cfg.trainer.batch_size, cfg.buffer.get_timeout
     side.on_worker = _worker_of(on_trainer_weights.model, model)
+    if vllm and cfg.model.vllm is not None and cfg.model.vllm.enable_sleep_mode:
+        side.colocated = engine  # sleeps while the trainer steps on the same GPU
     if cfg.mode == "async":
         side.batch_size = side.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
         if next(model.parameters()).device.type == "cpu":  # one torch thread: see HFEngine.call
@@ -400,6 +405,18 @@ def _engine(
             timeout=m.timeout or 120.0,
             max_batch_size=cfg.explorer.max_batch_size,
             seed=cfg.seed,
+        )
+    if m.engine in VLLM_ENGINES and not local:  # in-process vLLM on the GPU, built from model.path
+        from trine.models.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            model,
+            tokenizer,
+            max_batch_size=cfg.explorer.max_batch_size,
+            seed=cfg.seed,
+            path=m.path,
+            trust_remote_code=m.trust_remote_code,
+            **section_kwargs(m.vllm or VLLMConfig(), VLLMEngine),
         )
     engine_class = registry.resolve("engine", "hf" if local else m.engine)
     extra: dict[str, Any] = {"partial_rollout": True} if partial_rollout else {}  # mode async

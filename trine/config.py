@@ -67,12 +67,14 @@ from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config i
     shadowed_paths,
 )
 from trine.config_rollout import (  # noqa: F401
+    VLLM_ENGINES,
     AuxiliaryModelConfig,
     ExplorerConfig,
     ModelConfig,
     SamplingConfig,
     TasksConfig,
     TasksetConfig,
+    VLLMConfig,
 )
 from trine.config_serve import ServeConfig  # noqa: F401
 
@@ -143,6 +145,8 @@ class RunConfig(Section):
             return "broadcast"
         if self.launch == "processes":
             return "published"
+        if self.model.engine in VLLM_ENGINES:  # vLLM holds its own weights: they must be copied in
+            return "copy"
         return "copy" if self.mode == "async" or self.sync.sync_offset > 0 else "shared"
 
     @model_validator(mode="after")

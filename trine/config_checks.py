@@ -78,6 +78,25 @@ def trainer_problems(cfg: RunConfig) -> list[str]:
                 f"{cfg.model.dtype!r} loads the weights as {dtype}; set model.dtype: float32 (or precision: fp32 "
                 "to train in the model's own dtype)"
             )
+    from trine.config_rollout import VLLM_ENGINES
+
+    if cfg.model.engine in VLLM_ENGINES and cfg.sync.method == "shared":
+        problems.append(
+            "sync.method 'shared' with model.engine: vllm: the vLLM engine holds its own copy of the weights and "
+            "never sees the trainer's; set sync.method: copy (the default for vllm) or remove it"
+        )
+    vllm = cfg.model.vllm
+    if vllm is not None and vllm.enable_sleep_mode and cfg.mode != "sync":
+        problems.append(
+            f"model.vllm.enable_sleep_mode puts the engine to sleep while the trainer steps on its GPU, which "
+            f"only mode sync does (mode is {cfg.mode!r}: explorer and trainer overlap); set mode: sync or "
+            "enable_sleep_mode: false"
+        )
+    if vllm is not None and vllm.enable_sleep_mode and vllm.sleep_level == 2 and cfg.sync.sync_interval != 1:
+        problems.append(
+            f"model.vllm.sleep_level: 2 drops the engine's weights each step, so new ones must arrive every step; "
+            f"sync.sync_interval is {cfg.sync.sync_interval}: set it to 1 or use sleep_level: 1"
+        )
     if t.lora is not None and importlib.util.find_spec("peft") is None:
         problems.append(
             "trainer.lora needs the peft package: pip install 'trine[lora]' (or remove trainer.lora)"

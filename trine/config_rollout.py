@@ -24,6 +24,52 @@ from trine.config_base import (
 )
 from trine.config_checks import argument_problems
 
+VLLM_ENGINES = ("vllm", "trine.models.vllm_engine:VLLMEngine")
+"""The ``model.engine`` values that name :class:`trine.models.vllm_engine.VLLMEngine` (``model.vllm`` applies)."""
+
+
+class VLLMConfig(Section):
+    """``model.engine: vllm``: the in-process vLLM engine on one GPU (:mod:`trine.models.vllm_engine`)."""
+
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """Share of the GPU's memory vLLM takes for weights, activations and KV cache (the rest is left to a
+    trainer on the same GPU)."""
+    max_model_len: Count | None = None
+    """Longest prompt + response in tokens (None: the model's ``max_position_embeddings``); a lower value
+    shrinks the KV cache vLLM must be able to hold."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """vLLM's weights and compute dtype: ``auto`` is the policy's dtype as Trine loads it (``model.dtype``),
+    the one the trainer computes logprobs in."""
+    enforce_eager: bool = False
+    """Run without CUDA graphs (slower decoding, faster start, less memory)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes (multi-turn continuations, the ``n`` samples of a
+    prompt); cleared whenever new weights are loaded."""
+    enable_sleep_mode: bool = False
+    """Let the engine release its GPU memory while a trainer on the same GPU steps (``sleep()`` /
+    ``wake_up()``); needs vLLM's CuMem allocator (CUDA)."""
+    sleep_level: Literal[1, 2] = 1
+    """With ``enable_sleep_mode``: 1 moves the weights to CPU memory and drops the KV cache, 2 drops both
+    (less CPU memory; the trainer's new weights are loaded before the engine wakes)."""
+    engine_args: dict[str, Any] = {}
+    """Further keyword arguments of ``vllm.LLM`` (vLLM's ``EngineArgs``: ``max_num_seqs``,
+    ``kv_cache_memory_bytes``, ``attention_config``...), passed as they are; not the ones above or those
+    Trine sets itself (``model``, ``tokenizer``, ``seed``, ``tensor_parallel_size``, ``logprobs_mode``,
+    ``trust_remote_code``)."""
+
+    @field_validator("engine_args")
+    @classmethod
+    def _own_args(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from trine.models.vllm_requests import RESERVED_ENGINE_ARGS
+
+        clash = sorted(RESERVED_ENGINE_ARGS & set(v))
+        if clash:
+            raise ValueError(
+                f"model.vllm.engine_args sets {clash}, which Trine sets itself; use the model.vllm fields "
+                "(gpu_memory_utilization, max_model_len, dtype, ...) or model.path / model.trust_remote_code"
+            )
+        return v
+
 
 class ModelConfig(Section):
     path: str = "model"
@@ -51,6 +97,8 @@ class ModelConfig(Section):
     """``engine: openai``: environment variable holding the server's API key (never the key itself)."""
     timeout: Positive | None = None
     """``engine: openai``: seconds one request may take (default 120); the task fails and is retried after."""
+    vllm: VLLMConfig | None = None
+    """``engine: vllm``: the vLLM engine's settings (None: the defaults of each field)."""
 
     _paths = field_validator("path", "tokenizer_path")(_resolve_path)
     _preset = field_validator("init_preset")(lambda v: _check_name("model_preset", v))
@@ -62,6 +110,22 @@ class ModelConfig(Section):
             raise ValueError(
                 f"model.path {self.path!r} does not exist. Build a tiny test model with "
                 f"`trine init-model tiny-1m {self.path}` or set model.init_preset to build it automatically."
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm(self) -> ModelConfig:
+        if self.engine not in VLLM_ENGINES:
+            if self.vllm is not None:
+                raise ValueError(
+                    f"model.vllm is read only by model.engine: vllm (engine is {self.engine!r}); remove it or "
+                    "set engine: vllm"
+                )
+            return self
+        if self.device == "cpu" or self.device.startswith("cpu:"):
+            raise ValueError(
+                f"model.engine: vllm samples on a CUDA GPU but model.device is {self.device!r}; set model.device: "
+                "auto or cuda, or use model.engine: hf on a CPU"
             )
         return self
 

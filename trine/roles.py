@@ -235,6 +235,9 @@ class TrainerSide:
     on_worker: Callable[..., Any] | None = None
     """Runs a function on the worker thread of the engine that samples the trainer's own weights
     (``HFEngine.call``), so one thread does all the torch work; None: run inline."""
+    colocated: Any = None
+    """An engine on the trainer's GPU that sleeps while the trainer steps (vLLM ``enable_sleep_mode``):
+    ``sleep()`` → step → new weights loaded → ``wake_up()``."""
 
     @property
     def version(self) -> int:
@@ -259,6 +262,8 @@ class TrainerSide:
         wait = self.get_timeout if timeout is None else timeout
         experiences = self.buffer.get(self.batch_size, current_version=t.version, timeout=wait)
         self.stepping = True
+        if self.colocated is not None:
+            self.colocated.sleep()
         try:
             metrics = {
                 **self.train(experiences),
@@ -270,6 +275,8 @@ class TrainerSide:
             if t.version % self.sync_interval == 0:  # shared weights: records the version only
                 self.sync.push(t.model, t.version)
         finally:
+            if self.colocated is not None:
+                self.colocated.wake_up()
             self.stepping = False
         return metrics
 
@@ -378,8 +385,11 @@ class Stage:
         state: dict[str, Any] = {"stage_step": self.step}
         if self.explorer is not None:
             state["explorer"] = self.explorer.state_dict()
+            from trine.models.export import base_model
+
             engine = self.explorer.engine
-            if getattr(engine, "model", None) is not self.trainer.trainer.model:  # a snapshot: keep it
+            own = getattr(engine, "model", None)  # None: an engine holding its own weights (vLLM)
+            if own is not None and own is not base_model(self.trainer.trainer.model):  # a snapshot: keep it
                 state["engine_weights"] = {
                     k: v.detach().cpu().clone() for k, v in engine.model.state_dict().items()
                 }
@@ -395,6 +405,11 @@ class Stage:
             self.explorer.load_state_dict(state["explorer"])
             if "engine_weights" in state:
                 self.explorer.engine.model.load_state_dict(state["engine_weights"])
+            elif getattr(self.explorer.engine, "model", None) is None:  # the trainer's weights, loaded in
+                from trine.models.export import rollout_state_dict
+
+                trained = self.trainer.trainer.model
+                self.explorer.engine.load_weights(rollout_state_dict(trained), self.trainer.version)
             else:
                 self.explorer.engine.policy_version = self.trainer.version
         elif self.trainer.buffer is not None and "buffer" in state:

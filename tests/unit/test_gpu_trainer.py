@@ -39,7 +39,9 @@ def _fsdp_cuda_child(model_dir: str, queue) -> None:
     plain = _cuda_step(model_dir, load_model(model_dir, device="cuda"))
     model = prepare_policy(load_model(model_dir, device="cuda"), fsdp=True)
     sharded = _cuda_step(model_dir, model, precision="bf16")
-    queue.put((plain["trainer/grad_norm"], sharded["trainer/grad_norm"], type(next(model.parameters())).__name__))
+    queue.put(
+        (plain["trainer/grad_norm"], sharded["trainer/grad_norm"], type(next(model.parameters())).__name__)
+    )
 
 
 def test_fsdp2_on_one_gpu(tiny_model_dir):

@@ -494,7 +494,8 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 from trine.models.openai_engine import OpenAIEngine  # noqa: E402 - the table's other entry
+from trine.models.vllm_engine import VLLMEngine  # noqa: E402 - vllm itself is imported when one is built
 
-ENGINES: dict[str, type] = {"hf": HFEngine, "openai": OpenAIEngine}
+ENGINES: dict[str, type] = {"hf": HFEngine, "openai": OpenAIEngine, "vllm": VLLMEngine}
 """Built-in rollout engines by name (``model.engine``; ``openai``: a remote OpenAI-compatible server, see
 :mod:`trine.models.openai_engine`); see :mod:`trine.models.protocol`."""
