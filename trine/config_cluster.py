@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import field_validator
+
 from trine.config_base import Count, NonNeg, NonNegInt, Positive, Section
 
 
@@ -31,7 +33,7 @@ class ClusterConfig(Section):
     """Ray CPUs the trainer actor reserves (fractions allowed: Ray's CPUs are a scheduling budget; the
     torch threads are ``num_threads``)."""
     trainer_gpus: NonNeg = 0
-    """GPUs the trainer actor reserves (0: it trains on CPU)."""
+    """GPUs the trainer actor reserves (0: it trains on CPU; at most 1: the trainer is one process)."""
     explorer_cpus: Positive = 0.5
     """Ray CPUs each explorer actor reserves."""
     explorer_gpus: NonNeg = 0
@@ -49,3 +51,13 @@ class ClusterConfig(Section):
     ready_timeout: Positive = 120.0
     """Seconds to wait for the cluster to grant the placement group before the run fails with the
     resources it asked for and the ones the cluster has."""
+
+    @field_validator("trainer_gpus")
+    @classmethod
+    def _one_trainer_process(cls, v: float) -> float:
+        if v > 1:
+            raise ValueError(
+                f"cluster.trainer_gpus: {v:g}: the trainer is one process on at most one GPU (trainer.fsdp shards "
+                "within it; one trainer process per GPU is not wired yet); set trainer_gpus: 1"
+            )
+        return v

@@ -94,3 +94,11 @@ def test_broadcast_outside_processes_is_an_error(tmp_path):
         ConfigError, match="sync.method 'broadcast' is for launch: processes or cluster.backend"
     ):
         _ray_config(tmp_path, cluster={"backend": "local"}, sync={"method": "broadcast"})
+
+
+def test_the_trainer_is_one_process_on_at_most_one_gpu():
+    assert ClusterConfig(backend="ray", trainer_gpus=1).trainer_gpus == 1
+    with pytest.raises(
+        ValueError, match=r"cluster.trainer_gpus: 2: the trainer is one process .* set trainer_gpus: 1"
+    ):
+        ClusterConfig(backend="ray", trainer_gpus=2)
