@@ -32,16 +32,13 @@ def test_a_plan_that_fits_has_no_problems():
 
 
 def test_every_problem_names_the_numbers_and_the_setting_to_change():
-    plan = _plan(4, explorer_cpus=1, trainer_gpus=2, placement="strict_spread")
+    plan = _plan(4, explorer_cpus=1, trainer_gpus=1, explorer_gpus=2, placement="strict_spread")
     problems = plan.problems({"CPU": 4.0, "GPU": 1.0}, [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 2.0}])
     text = "\n".join(problems)
     assert "asks for 4.6 CPUs (1 × trainer 0.5, 1 × buffer writer 0.1, 4 × explorer 1)" in text
     assert "has 4" in text and "cluster.trainer_cpus / explorer_cpus" in text
-    assert "asks for 2 GPUs" in text and "has 1" in text
-    assert (
-        "the trainer (with the buffer writer) asks for 2 GPUs in one bundle, but the largest node has 1"
-        in text
-    )
+    assert "asks for 9 GPUs" in text and "has 1" in text
+    assert "an explorer asks for 2 GPUs in one bundle, but the largest node has 1" in text
     assert "strict_spread" in text and "5 bundles" in text and "has 2" in text
     assert len(problems) == 4
 
