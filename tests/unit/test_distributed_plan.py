@@ -40,7 +40,7 @@ def test_every_problem_names_the_numbers_and_the_setting_to_change():
     assert "asks for 9 GPUs" in text and "has 1" in text
     assert "an explorer asks for 2 GPUs in one bundle, but the largest node has 1" in text
     assert "strict_spread" in text and "5 bundles" in text and "has 2" in text
-    assert len(problems) == 4
+    assert len(problems) == 7  # CPUs, GPUs, each of the 4 explorers, strict_spread
 
 
 def test_the_printed_plan_lists_actors_resources_and_nodes():
