@@ -237,7 +237,7 @@ class TrainerSide:
     (``HFEngine.call``), so one thread does all the torch work; None: run inline."""
     colocated: Any = None
     """An engine on the trainer's GPU that sleeps while the trainer steps (vLLM ``enable_sleep_mode``):
-    ``sleep()`` → step → new weights loaded → ``wake_up()``."""
+    ``sleep()`` → step → the new weights loaded into it (when pushed) → ``wake_up()``."""
 
     @property
     def version(self) -> int:
@@ -274,6 +274,10 @@ class TrainerSide:
             }
             if t.version % self.sync_interval == 0:  # shared weights: records the version only
                 self.sync.push(t.model, t.version)
+                if self.colocated is not None:  # straight in while it sleeps (the explorer's pull then skips)
+                    from trine.models.export import rollout_state_dict
+
+                    self.colocated.load_weights(rollout_state_dict(t.model), t.version)
         finally:
             if self.colocated is not None:
                 self.colocated.wake_up()

@@ -361,3 +361,25 @@ def test_vllm_sleeps_and_wakes_up(vllm_setup):
     engine.load_weights(policy.state_dict(), version=engine.policy_version + 1)
     engine.wake_up()
     assert _greedy(engine, tok) == before
+
+
+@on_gpu
+def test_a_colocated_sync_run_sleeps_the_engine_around_each_step(tmp_path, tiny_model_dir):
+    """The real loop with vLLM on the trainer's GPU: ``enable_sleep_mode`` (level 2, weights dropped while
+    the trainer steps) runs to the end: every step's new weights reach the sleeping engine before it wakes
+    (``wake_up`` refuses otherwise)."""
+    import json
+
+    from trine.config import load_config
+    from trine.loop import run
+
+    overrides = {
+        "model": {"engine": "vllm", "device": "cuda", "vllm": {"enable_sleep_mode": True, "sleep_level": 2,
+                                                              "gpu_memory_utilization": 0.3}},
+        "tasks": {"total_steps": 3},
+    }  # fmt: skip
+    run(load_config(write_arithmetic_config(tmp_path, tiny_model_dir, "colocated", overrides)))
+    rows = [json.loads(line) for line in (tmp_path / "colocated" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["trainer/version"] == 3.0 and all(r["trainer/grad_norm"] >= 0 for r in rows)
+    assert json.loads((tmp_path / "colocated" / "status.json").read_text())["state"] == "finished"
