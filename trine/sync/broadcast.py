@@ -7,7 +7,8 @@ own** (two ranks: trainer 0, explorer 1) under the slot's prefix of the store. S
 breaks only its own channel (the trainer counts it and goes on), and one that (re)joins gets a new channel
 and at once the newest version the trainer pushed: it never waits for the next training step.
 
-On a channel, the trainer first sends the *layout* (names, dtypes, shapes of the tensors, as a byte
+On a channel, the trainer first sends a one-number hello (so that NCCL forms its communicator while both
+ends are there, not at the first version), then the *layout* (names, dtypes, shapes of the tensors, as a byte
 tensor), then for each version a header ``[version, layout bytes or 0]`` and the tensors flattened into
 buckets of at most ``bucket_mb`` MB per dtype (:func:`buckets`); a tensor larger than a bucket goes alone.
 ``push`` returns once every live explorer holds the version (or its channel failed, within ``timeout``
@@ -33,9 +34,11 @@ from trine.models.protocol import RolloutModel
 
 log = logging.getLogger("trine")
 JOINS = "trine/joins"
+CLOSED = "trine/closed"
+"""Set in the store by :meth:`BroadcastSender.close`: explorers stop joining a trainer that has finished."""
 _FOREVER = timedelta(days=7)
 """A receiver waits this long for the next version (trainer steps may take hours; a dead trainer closes
-the connection at once)."""
+the connection at once). Joining, and every transfer once a version started, take at most ``timeout``."""
 
 
 def resolve_backend(backend: str) -> str:
@@ -97,12 +100,25 @@ def _group(store: Any, prefix: str, rank: int, backend: str, timeout: timedelta)
     return dist.ProcessGroupGloo(scoped, rank, 2, timeout)
 
 
-def _broadcast(group: Any, tensor: Tensor) -> None:
+def _broadcast(group: Any, tensor: Tensor, timeout: timedelta | None = None) -> None:
+    """Broadcast ``tensor`` from rank 0 of ``group``; ``timeout`` (None: the group's) bounds this one."""
     import torch.distributed as dist
 
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
+    if timeout is not None:
+        opts.timeout = timeout
     group.broadcast([tensor], opts).wait()
+
+
+def _connection(store: Any, host: str, timeout: timedelta) -> Any:
+    """A client connection of its own to ``store`` (a TCPStore serializes the calls on one connection: a
+    joiner that died before finishing would otherwise hold every other join for ``timeout``)."""
+    import torch.distributed as dist
+
+    if hasattr(store, "clone"):  # torch >= 2.5
+        return store.clone()
+    return dist.TCPStore(host, store.port, is_master=False, timeout=timeout)
 
 
 class _Channel:
@@ -121,8 +137,10 @@ class _Channel:
     def _run(self) -> None:
         s = self.sender
         try:
-            self.name = s.store.get(f"trine/join/{self.slot}").decode()
-            group = _group(s.store, f"trine/ch/{self.slot}", 0, s.backend, s.timeout)
+            store = _connection(s.store, s.host, s.timeout)
+            self.name = store.get(f"trine/join/{self.slot}").decode()
+            group = _group(store, f"trine/ch/{self.slot}", 0, s.backend, s.timeout)
+            _broadcast(group, torch.ones(1, dtype=torch.int64, device=s.device))  # hello
             self.joined = True
             while not s.closed:
                 with s.cond:
@@ -167,8 +185,10 @@ class BroadcastSender:
         if bucket_mb <= 0 or timeout <= 0:
             raise ValueError(f"bucket_mb={bucket_mb}, timeout={timeout}: both must be > 0")
         self.backend = resolve_backend(backend)
+        self.device = "cuda" if self.backend == "nccl" else "cpu"
         self.timeout = timedelta(seconds=timeout)
         self.bucket_bytes = int(bucket_mb * 2**20)
+        self.host = host
         self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=self.timeout)
         self.address = f"{host}:{self.store.port}"
         self.store.add(JOINS, 0)
@@ -200,8 +220,7 @@ class BroadcastSender:
         its channel failed (a failure costs only that explorer, counted in ``sync/broadcast_failures``)."""
         start = time.perf_counter()
         state = rollout_state(model)
-        device = "cuda" if self.backend == "nccl" else "cpu"
-        tensors = [t.detach().to(device, copy=True).contiguous() for t in state.values()]
+        tensors = [t.detach().to(self.device, copy=True).contiguous() for t in state.values()]
         tensors_layout = [[k, str(t.dtype), list(t.shape)] for k, t in zip(state, tensors)]
         layout = json.dumps({"bucket_bytes": self.bucket_bytes, "tensors": tensors_layout})
         with self.cond:
@@ -233,9 +252,17 @@ class BroadcastSender:
         pass
 
     def close(self) -> None:
+        """Stop accepting and sending (a transfer under way ends within ``timeout``); explorers that
+        try to join again are told the trainer finished."""
         with self.cond:
+            if self.closed:
+                return
             self.closed = True
             self.cond.notify_all()
+        try:
+            self.store.set(CLOSED, "1")
+        except Exception as err:  # the store is already gone: nobody can join anyway
+            log.debug("weight broadcast: marking %s closed failed: %s", self.address, err)
 
 
 class BroadcastReceiver:
