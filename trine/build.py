@@ -21,16 +21,20 @@ from trine.roles import Evaluator, ExpertRows, ExplorerSide, Shaping, Stage, Sup
 log = logging.getLogger("trine")
 
 
-def load_policy(cfg: RunConfig, path: str | None = None) -> tuple[Any, Any]:
+def load_policy(cfg: RunConfig, path: str | None = None, *, weights: bool = True) -> tuple[Any, Any]:
     """Load the model and tokenizer (building a tiny preset model first if asked). ``path``: a
     checkpoint's weights; with ``trainer.lora`` and an adapter saved in the checkpoint, the base model
-    from ``model.path`` instead, marked with ``trine_adapter_dir`` for the trainer to resume."""
+    from ``model.path`` instead, marked with ``trine_adapter_dir`` for the trainer to resume.
+    ``weights=False``: the tokenizer only, model None (an explorer whose engine loads the weights itself:
+    vLLM)."""
     from trine.models import init_model, load_model, load_tokenizer
     from trine.models.loading import resolve_device
 
     m = cfg.model
     if path is None and m.init_preset and not Path(m.path).exists():
         init_model(m.init_preset, m.path, seed=cfg.seed)
+    if not weights:
+        return None, load_tokenizer(path or m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     source = path or m.path
     adapter = Path(path) / "adapter" if path is not None else None
     if adapter is not None and cfg.trainer.lora is not None and adapter.is_dir():
@@ -409,6 +413,9 @@ def _engine(
     if m.engine in VLLM_ENGINES and not local:  # in-process vLLM on the GPU, built from model.path
         from trine.models.vllm_engine import VLLMEngine
 
+        settings = section_kwargs(m.vllm or VLLMConfig(), VLLMEngine)
+        if settings["dtype"] == "auto" and model is None and m.dtype != "auto":  # no loaded policy to ask
+            settings["dtype"] = m.dtype
         return VLLMEngine(
             model,
             tokenizer,
@@ -416,7 +423,7 @@ def _engine(
             seed=cfg.seed,
             path=m.path,
             trust_remote_code=m.trust_remote_code,
-            **section_kwargs(m.vllm or VLLMConfig(), VLLMEngine),
+            **settings,
         )
     engine_class = registry.resolve("engine", "hf" if local else m.engine)
     extra: dict[str, Any] = {"partial_rollout": True} if partial_rollout else {}  # mode async

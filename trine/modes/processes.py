@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trine.config import RunConfig
+from trine.config import VLLM_ENGINES, RunConfig
 
 SHARED_SECTIONS = ("seed", "model", "tasks", "algorithm", "buffer", "sync", "trainer")
 """Config keys every process of a run must agree on (the explorers' batches are the trainer's data)."""
@@ -169,7 +169,7 @@ def explore(
         import torch
 
         torch.set_num_threads(cfg.num_threads)
-    model, tokenizer = build.load_policy(cfg)
+    model, tokenizer = build.load_policy(cfg, weights=cfg.model.engine not in VLLM_ENGINES)
     side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count, buffer)
     heartbeat = Heartbeat(out, side.batches)
     monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=side.batches)

@@ -78,6 +78,34 @@ def buckets(layout: list[tuple[str, str, list[int]]], bucket_bytes: int) -> list
     return out
 
 
+def check_fits(engine: Any, state: dict[str, Tensor]) -> None:
+    """RuntimeError naming the differences when ``state`` does not fit the engine's model (names and
+    shapes), raised *before* anything is copied: ``load_state_dict`` would first copy every tensor that
+    fits and leave the model half loaded. Engines without a local ``model`` are not checked."""
+    model = getattr(engine, "model", None)
+    if not isinstance(model, nn.Module):
+        return
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k} {list(v.shape)} vs {list(own[k])}"
+        for k, v in state.items()
+        if k in own and tuple(v.shape) != own[k]
+    ]
+    problems = [
+        f"{what} ({len(keys)}): {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+        for what, keys in (
+            ("shapes differ, sent vs own", shapes),
+            ("missing", missing),
+            ("unexpected", unexpected),
+        )
+        if keys
+    ]
+    if problems:
+        raise RuntimeError("; ".join(problems))
+
+
 def _numel(shape: list[int]) -> int:
     n = 1
     for d in shape:
@@ -293,36 +321,54 @@ class BroadcastReceiver:
             except Exception as err:  # the trainer went away or was not up yet: join again
                 if self.closed:
                     return
-                log.info("weight broadcast from %s:%d: %s; joining again", self.host, self.port, err)
-                time.sleep(1.0)
+                message = f"{type(err).__name__}: {err}".strip()
+                repeated = message == self.error
+                with self.cond:
+                    self.error = message  # named by the TimeoutError of wait_for_first / pull
+                    self.cond.wait_for(lambda: self.closed, 1.0)
+                (log.info if repeated else log.warning)(
+                    "weight broadcast from %s:%d: %s; joining again", self.host, self.port, message
+                )
 
     def _join(self) -> Any:
+        """Take a slot in the trainer's store and form this explorer's group with it (within ``timeout``)."""
         import torch.distributed as dist
 
         store = dist.TCPStore(self.host, self.port, is_master=False, timeout=self.timeout)
+        if store.check([CLOSED]):
+            raise ConnectionError(f"the trainer at {self.host}:{self.port} closed its weight broadcast")
         slot = int(store.add(JOINS, 1))
         store.set(f"trine/join/{slot}", self.name)
-        return _group(store, f"trine/ch/{slot}", 1, self.backend, _FOREVER)
+        group = _group(store, f"trine/ch/{slot}", 1, self.backend, self.timeout)
+        _broadcast(group, torch.zeros(1, dtype=torch.int64, device=self._device))  # the trainer's hello
+        return group
+
+    @property
+    def _device(self) -> str:
+        return "cuda" if self.backend == "nccl" else "cpu"
 
     def _receive_all(self, group: Any) -> None:
-        device = "cuda" if self.backend == "nccl" else "cpu"
+        device = self._device
         layout: list[tuple[str, str, list[int]]] = []
         bucket_bytes = 1
         while not self.closed:
             header = torch.zeros(2, dtype=torch.int64, device=device)
-            _broadcast(group, header)
+            _broadcast(group, header, _FOREVER)  # the next version may be hours away
             version, size = int(header[0]), int(header[1])
             start = time.perf_counter()
             if size:
                 raw = torch.zeros(size, dtype=torch.uint8, device=device)
                 _broadcast(group, raw)
-                message = json.loads(bytes(raw.cpu().tolist()).decode())
+                message = json.loads(raw.cpu().numpy().tobytes().decode())
                 layout, bucket_bytes = message["tensors"], message["bucket_bytes"]
             state: dict[str, Tensor] = {}
             for indices in buckets(layout, bucket_bytes):
                 self._receive_bucket(group, layout, indices, state, device)
+            if device == "cuda":  # NCCL's wait() only orders the stream: hold whole versions only
+                torch.cuda.current_stream().synchronize()
             with self.cond:
                 self.received = (version, state)
+                self.error = None
                 self.seconds += time.perf_counter() - start
                 self.cond.notify_all()
 
@@ -352,8 +398,12 @@ class BroadcastReceiver:
                 raise TimeoutError(
                     f"no weights arrived from the trainer at {self.host}:{self.port} within {timeout}s "
                     "(sync.wait_timeout); is the trainer running, and is that address reachable from here?"
+                    + self._last_error()
                 )
             return self.received[0]
+
+    def _last_error(self) -> str:
+        return f" Last error: {self.error}" if self.error else ""
 
     def pull(self, engine: RolloutModel, version: int, timeout: float | None = None) -> None:
         """Load the newest received version (>= ``version``, waiting up to ``timeout`` for it)."""
@@ -362,12 +412,17 @@ class BroadcastReceiver:
                 lambda: self.closed or (self.received is not None and self.received[0] >= version), timeout
             )
             if not ok or self.received is None or self.received[0] < version:
-                raise TimeoutError(f"weights version {version} did not arrive within {timeout}s")
+                why = "the weight sync was closed" if self.closed else f"within {timeout}s"
+                raise TimeoutError(
+                    f"weights version {version} did not arrive from {self.host}:{self.port} ({why})"
+                    + self._last_error()
+                )
             newest, state = self.received
         if engine.policy_version == newest:
             return
         start = time.perf_counter()
         try:
+            check_fits(engine, state)
             engine.load_weights(state, newest)
         except (RuntimeError, KeyError) as err:
             raise RuntimeError(
