@@ -63,7 +63,15 @@ def test_copy_sync_without_offset_samples_exactly_what_shared_weights_do(arithme
     run(load_config(shared))
     run(load_config(copied))
     reference = _stable(read_metrics(tmp_path / "shared"))
-    assert _stable(read_metrics(tmp_path / "copied")) == reference
+    copied_rows = _stable(read_metrics(tmp_path / "copied"))
+    # the same samples exactly; the trainer's float metrics up to the last bits (the step runs on the
+    # engine's thread with shared weights, inline with a copy: CPU kernels may round differently per thread)
+    assert [{k: v for k, v in r.items() if not k.startswith("trainer/")} for r in copied_rows] == [
+        {k: v for k, v in r.items() if not k.startswith("trainer/")} for r in reference
+    ]
+    for got, want in zip(copied_rows, reference, strict=True):
+        trained = {k: v for k, v in want.items() if k.startswith("trainer/")}
+        assert {k: got[k] for k in trained} == pytest.approx(trained, rel=1e-5, abs=1e-7)
     assert [r["buffer/staleness_max"] for r in reference] == [0, 1, 0, 1, 0, 1]
 
 
