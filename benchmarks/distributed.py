@@ -19,6 +19,8 @@ Usage: python benchmarks/distributed.py [--steps 30] [--rounds 2] [--latency 0.2
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from common import markdown_table, median, report, threads
 from modes import measure
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     threads(2)
+    load, command = os.getloadavg()[0], " ".join(["python benchmarks/distributed.py", *sys.argv[1:]])
     sql = {"storage": "sql", "max_staleness": args.staleness}
     ray = {"mode": "async", "buffer": sql, "num_threads": 1, "cluster": {"backend": "ray"}}
     rows_of = {
@@ -75,7 +78,8 @@ def main() -> None:
         f"{args.latency}s, sigma {args.sigma}; max_staleness {args.staleness})",
         markdown_table(headers, rows),
         f"Medians of {args.rounds} alternating rounds. Wall = the trainer's step time summed (start-up "
-        "excluded). Targets: ray 1 explorer >= 0.9x one process; 2 explorers > 1.",
+        "excluded). Targets: ray 1 explorer >= 0.9x one process; 2 explorers > 1. "
+        f"Command: `{command}` (load average {load:.1f} at the start).",
         write=not args.no_write,
     )
 

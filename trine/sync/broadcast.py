@@ -20,10 +20,12 @@ Without a network path from explorers to the trainer, use ``sync.method: publish
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -39,6 +41,18 @@ CLOSED = "trine/closed"
 _FOREVER = timedelta(days=7)
 """A receiver waits this long for the next version (trainer steps may take hours; a dead trainer closes
 the connection at once). Joining, and every transfer once a version started, take at most ``timeout``."""
+_SETTLE = 2.0
+"""``close()`` waits up to this many seconds for its threads to end (see :func:`_close_at_exit`)."""
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+"""Senders and receivers of this process, closed at exit."""
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every sender and receiver before the interpreter finalizes: a thread still destroying a
+    gloo group while it does aborts the process ("terminate called without an active exception")."""
+    for side in list(_OPEN):
+        side.close()
 
 
 def resolve_backend(backend: str) -> str:
@@ -50,6 +64,18 @@ def resolve_backend(backend: str) -> str:
             "sync.broadcast_backend='nccl' needs CUDA, which this process does not see; use gloo or auto"
         )
     return backend
+
+
+def transfer_device(backend: str) -> str:
+    """Where a process's tensors travel from: the CPU for gloo, its current CUDA device for NCCL (kept
+    for the background threads, which would otherwise start on ``cuda:0``)."""
+    return f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+
+
+def _on(device: str) -> None:
+    """Make ``device`` the current CUDA device of the calling thread (nothing for the CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
 
 
 def rollout_state(model: nn.Module) -> dict[str, Tensor]:
@@ -164,7 +190,11 @@ class _Channel:
 
     def _run(self) -> None:
         s = self.sender
+        failed = False
         try:
+            if s.closed:
+                return
+            _on(s.device)
             store = _connection(s.store, s.host, s.timeout)
             self.name = store.get(f"trine/join/{self.slot}").decode()
             group = _group(store, f"trine/ch/{self.slot}", 0, s.backend, s.timeout)
@@ -181,23 +211,23 @@ class _Channel:
                     self.sent = version
                     s.cond.notify_all()
         except Exception as err:  # a dead or hung explorer: only its channel ends
-            if not s.closed:
+            failed = not s.closed
+            if failed:
                 log.warning("weight broadcast to %s (slot %d) failed: %s", self.name, self.slot, err)
-                s.failures += 1
         finally:
             with s.cond:
                 self.alive = False
+                s.failures += failed
                 s.cond.notify_all()
 
-    def _send(self, group: Any, version: int, layout: str, tensors: list[Tensor]) -> None:
-        device = tensors[0].device if tensors else torch.device("cpu")
+    def _send(self, group: Any, version: int, layout: str, flats: list[Tensor]) -> None:
+        device = self.sender.device
         encoded = b"" if layout == self.layout_sent else layout.encode()
         _broadcast(group, torch.tensor([version, len(encoded)], dtype=torch.int64, device=device))
         if encoded:
             _broadcast(group, torch.frombuffer(bytearray(encoded), dtype=torch.uint8).to(device))
             self.layout_sent = layout
-        for indices in buckets(json.loads(layout)["tensors"], self.sender.bucket_bytes):
-            flat = torch.cat([tensors[i].reshape(-1) for i in indices])
+        for flat in flats:
             _broadcast(group, flat)
 
 
@@ -213,7 +243,7 @@ class BroadcastSender:
         if bucket_mb <= 0 or timeout <= 0:
             raise ValueError(f"bucket_mb={bucket_mb}, timeout={timeout}: both must be > 0")
         self.backend = resolve_backend(backend)
-        self.device = "cuda" if self.backend == "nccl" else "cpu"
+        self.device = transfer_device(self.backend)
         self.timeout = timedelta(seconds=timeout)
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.host = host
@@ -222,13 +252,14 @@ class BroadcastSender:
         self.store.add(JOINS, 0)
         self.cond = threading.Condition()
         self.current: tuple[int, str, list[Tensor]] | None = None
-        """The newest pushed version: (version, layout as JSON, tensors ready to send)."""
+        """The newest pushed version: (version, layout as JSON, its buckets flattened, ready to send)."""
         self.channels: list[_Channel] = []
         self.failures = 0
         self.closed = False
         self.seconds = 0.0
         self._acceptor = threading.Thread(target=self._accept, name="trine-broadcast-accept", daemon=True)
         self._acceptor.start()
+        _OPEN.add(self)
 
     def _accept(self) -> None:
         seen = 0
@@ -248,11 +279,16 @@ class BroadcastSender:
         its channel failed (a failure costs only that explorer, counted in ``sync/broadcast_failures``)."""
         start = time.perf_counter()
         state = rollout_state(model)
-        tensors = [t.detach().to(self.device, copy=True).contiguous() for t in state.values()]
+        tensors = [t.detach() for t in state.values()]
         tensors_layout = [[k, str(t.dtype), list(t.shape)] for k, t in zip(state, tensors)]
         layout = json.dumps({"bucket_bytes": self.bucket_bytes, "tensors": tensors_layout})
+        # one copy (torch.cat always copies), shared by every channel: the trainer may step on at once
+        flats = [
+            torch.cat([tensors[i].reshape(-1).to(self.device) for i in indices])
+            for indices in buckets(tensors_layout, self.bucket_bytes)
+        ]
         with self.cond:
-            self.current = (version, layout, tensors)
+            self.current = (version, layout, flats)
             self.cond.notify_all()
             self.cond.wait_for(lambda: all(c.sent >= version or not c.alive for c in self._ready()))
         self.seconds += time.perf_counter() - start
@@ -280,17 +316,22 @@ class BroadcastSender:
         pass
 
     def close(self) -> None:
-        """Stop accepting and sending (a transfer under way ends within ``timeout``); explorers that
-        try to join again are told the trainer finished."""
+        """Stop accepting and sending, and wait (up to 2 s) for the channels to end: idle ones end at
+        once, closing their connections; one in a transfer ends within ``timeout``. Explorers that try
+        to join again are told the trainer finished."""
         with self.cond:
-            if self.closed:
-                return
+            first = not self.closed
             self.closed = True
             self.cond.notify_all()
-        try:
-            self.store.set(CLOSED, "1")
-        except Exception as err:  # the store is already gone: nobody can join anyway
-            log.debug("weight broadcast: marking %s closed failed: %s", self.address, err)
+        if first:
+            try:
+                self.store.set(CLOSED, "1")
+            except Exception as err:  # the store is already gone: nobody can join anyway
+                log.debug("weight broadcast: marking %s closed failed: %s", self.address, err)
+        deadline = time.monotonic() + _SETTLE
+        self._acceptor.join(_SETTLE)  # first: it starts no channel after this
+        for channel in list(self.channels):
+            channel.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class BroadcastReceiver:
@@ -304,17 +345,22 @@ class BroadcastReceiver:
             raise ValueError(f"sync.address={address!r}: expected host:port, e.g. 10.0.0.1:29600")
         self.host, self.port, self.name = host, int(port), name
         self.backend = resolve_backend(backend)
+        self.device = transfer_device(self.backend)
         self.timeout = timedelta(seconds=timeout)
         self.cond = threading.Condition()
         self.received: tuple[int, dict[str, Tensor]] | None = None
         self.error: str | None = None
         self.closed = False
         self.seconds = 0.0
+        self._parked = False
+        """The thread waits for the trainer's next version (it cannot be woken: close leaves it there)."""
         self._thread = threading.Thread(target=self._run, name="trine-broadcast-receive", daemon=True)
         self._thread.start()
+        _OPEN.add(self)
 
     # ----------------------------------------------------------------- background
     def _run(self) -> None:
+        _on(self.device)
         while not self.closed:
             try:
                 self._receive_all(self._join())
@@ -340,20 +386,24 @@ class BroadcastReceiver:
         slot = int(store.add(JOINS, 1))
         store.set(f"trine/join/{slot}", self.name)
         group = _group(store, f"trine/ch/{slot}", 1, self.backend, self.timeout)
-        _broadcast(group, torch.zeros(1, dtype=torch.int64, device=self._device))  # the trainer's hello
+        _broadcast(group, torch.zeros(1, dtype=torch.int64, device=self.device))  # the trainer's hello
         return group
 
-    @property
-    def _device(self) -> str:
-        return "cuda" if self.backend == "nccl" else "cpu"
-
     def _receive_all(self, group: Any) -> None:
-        device = self._device
+        device = self.device
         layout: list[tuple[str, str, list[int]]] = []
         bucket_bytes = 1
-        while not self.closed:
+        while True:
             header = torch.zeros(2, dtype=torch.int64, device=device)
-            _broadcast(group, header, _FOREVER)  # the next version may be hours away
+            with self.cond:
+                if self.closed:
+                    return
+                self._parked = True
+            try:
+                _broadcast(group, header, _FOREVER)  # the next version may be hours away
+            finally:
+                with self.cond:
+                    self._parked = False
             version, size = int(header[0]), int(header[1])
             start = time.perf_counter()
             if size:
@@ -364,8 +414,8 @@ class BroadcastReceiver:
             state: dict[str, Tensor] = {}
             for indices in buckets(layout, bucket_bytes):
                 self._receive_bucket(group, layout, indices, state, device)
-            if device == "cuda":  # NCCL's wait() only orders the stream: hold whole versions only
-                torch.cuda.current_stream().synchronize()
+            if device != "cpu":  # NCCL's wait() only orders the stream: hold whole versions only
+                torch.cuda.synchronize(device)
             with self.cond:
                 self.received = (version, state)
                 self.error = None
@@ -444,6 +494,11 @@ class BroadcastReceiver:
         pass
 
     def close(self) -> None:
+        """Release waiting pulls and end the thread (waiting up to 2 s for it). A thread waiting for the
+        trainer's next version cannot be woken: it ends when the version arrives or the trainer closes."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
+            parked = self._parked
+        if not parked and threading.current_thread() is not self._thread:
+            self._thread.join(_SETTLE)
