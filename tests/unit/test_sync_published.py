@@ -111,6 +111,23 @@ def test_push_then_pull_round_trips_tied_weights_exactly_and_rotates(tiny_model_
         engine.close()
 
 
+def test_weights_of_another_model_are_refused_before_anything_is_loaded(tiny_model_dir, tmp_path):
+    from trine.models import init_model
+
+    other = init_model("tiny-1m", tmp_path / "other", seed=0)  # another architecture size
+    engine = HFEngine(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir))
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    sync = PublishedWeights(tmp_path / "weights")
+    try:
+        sync.push(load_model(other), 1)
+        with pytest.raises(RuntimeError, match=r"shapes differ, sent vs own \(\d+\): .*; unexpected"):
+            sync.pull(engine, 1, timeout=1.0)
+        assert engine.policy_version == 0
+        assert all(torch.equal(v, before[k]) for k, v in engine.model.state_dict().items())  # untouched
+    finally:
+        engine.close()
+
+
 def test_republishing_replaces_a_version_and_retires_newer_ones(tmp_path):
     sync = PublishedWeights(tmp_path, keep=3)
     for version in (1, 2, 3, 4):

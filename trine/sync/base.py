@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from torch import nn
+from torch import Tensor, nn
 
 from trine.models.protocol import RolloutModel
 
@@ -63,3 +63,31 @@ class WeightSync(Protocol):
     def close(self) -> None:
         """Wake and release any ``pull`` that waits (the run is ending)."""
         ...
+
+
+def check_fits(engine: Any, state: dict[str, Tensor]) -> None:
+    """RuntimeError naming the differences when ``state`` does not fit the engine's model (names and
+    shapes), raised *before* anything is copied: ``load_state_dict`` would first copy every tensor that
+    fits and leave the model half loaded. Engines without a local ``model`` are not checked."""
+    model = getattr(engine, "model", None)
+    if not isinstance(model, nn.Module):
+        return
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k} {list(v.shape)} vs {list(own[k])}"
+        for k, v in state.items()
+        if k in own and tuple(v.shape) != own[k]
+    ]
+    problems = [
+        f"{what} ({len(keys)}): {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+        for what, keys in (
+            ("shapes differ, sent vs own", shapes),
+            ("missing", missing),
+            ("unexpected", unexpected),
+        )
+        if keys
+    ]
+    if problems:
+        raise RuntimeError("; ".join(problems))

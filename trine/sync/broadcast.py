@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from trine.models.protocol import RolloutModel
+from trine.sync.base import check_fits
 
 log = logging.getLogger("trine")
 JOINS = "trine/joins"
@@ -102,34 +103,6 @@ def buckets(layout: list[tuple[str, str, list[int]]], bucket_bytes: int) -> list
         open_[dtype] = (current, used + size)
     out += [indices for indices, _ in open_.values() if indices]
     return out
-
-
-def check_fits(engine: Any, state: dict[str, Tensor]) -> None:
-    """RuntimeError naming the differences when ``state`` does not fit the engine's model (names and
-    shapes), raised *before* anything is copied: ``load_state_dict`` would first copy every tensor that
-    fits and leave the model half loaded. Engines without a local ``model`` are not checked."""
-    model = getattr(engine, "model", None)
-    if not isinstance(model, nn.Module):
-        return
-    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [
-        f"{k} {list(v.shape)} vs {list(own[k])}"
-        for k, v in state.items()
-        if k in own and tuple(v.shape) != own[k]
-    ]
-    problems = [
-        f"{what} ({len(keys)}): {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
-        for what, keys in (
-            ("shapes differ, sent vs own", shapes),
-            ("missing", missing),
-            ("unexpected", unexpected),
-        )
-        if keys
-    ]
-    if problems:
-        raise RuntimeError("; ".join(problems))
 
 
 def _numel(shape: list[int]) -> int:

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from trine.models.export import rollout_state_dict
 from trine.models.protocol import RolloutModel
+from trine.sync.base import check_fits
 
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "meta.json"
@@ -190,6 +191,7 @@ class PublishedWeights:
                 start = time.perf_counter()
                 state = self._read(chosen)
                 if state is not None:
+                    check_fits(engine, state)  # before anything is copied: never half loaded
                     engine.load_weights(state, chosen)
                     self.seconds += time.perf_counter() - start
                     return
