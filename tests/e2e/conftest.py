@@ -57,3 +57,27 @@ def sft_start(tmp_path_factory):
     path.write_text(yaml.safe_dump(cfg))
     run(load_config(path))
     return root / "run" / "checkpoints" / "step_200"
+
+
+class Crash(RuntimeError):
+    """A simulated crash of the trainer."""
+
+
+def run_crashing_after_step(config: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``config`` until the trainer has logged ``step``, then crash it (the next step's batch may be
+    explored already, not trained); the run directory is left as a crash leaves it."""
+    import trine.roles
+    from trine.config import load_config
+    from trine.loop import run
+
+    consume = trine.roles.TrainerSide.consume
+
+    def crash_after(side):
+        if side.version == step:
+            raise Crash(f"simulated crash after step {step}")
+        return consume(side)
+
+    monkeypatch.setattr(trine.roles.TrainerSide, "consume", crash_after)
+    with pytest.raises(Crash):
+        run(load_config(config))
+    monkeypatch.undo()

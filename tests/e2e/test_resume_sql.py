@@ -13,8 +13,7 @@ from collections import Counter
 
 import pytest
 
-import trine.roles
-from tests.e2e.conftest import read_metrics
+from tests.e2e.conftest import read_metrics, run_crashing_after_step
 from trine.buffer.inspect import read_rows
 from trine.config import load_config
 from trine.loop import run
@@ -27,10 +26,6 @@ OVERRIDES = {"buffer": {"storage": "sql"}, "sync": {"sync_interval": 2}, "traine
 
 def _stable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-
-
-class Crash(RuntimeError):
-    """The simulated crash."""
 
 
 def _consumed(run_dir) -> Counter:
@@ -47,18 +42,8 @@ def test_crash_between_checkpoints_resumes_bit_identical(arithmetic_config, tmp_
     reference = _stable(read_metrics(tmp_path / "full"))
     assert [r["step"] for r in reference] == [1, 2, 3, 4, 5, 6]
 
-    consume = trine.roles.TrainerSide.consume
-
-    def crash_after_step_3(side):
-        if side.version == 3:  # step 3 is logged, no checkpoint at 3; batch 4 is explored, not trained
-            raise Crash("simulated crash after step 3")
-        return consume(side)
-
     crashed = arithmetic_config(OVERRIDES, name="crashed")
-    monkeypatch.setattr(trine.roles.TrainerSide, "consume", crash_after_step_3)
-    with pytest.raises(Crash):
-        run(load_config(crashed))
-    monkeypatch.undo()
+    run_crashing_after_step(crashed, 3, monkeypatch)  # no checkpoint at 3; batch 4 explored, not trained
     assert json.loads((tmp_path / "crashed" / "status.json").read_text())["state"] == "failed"
     assert sorted(p.name for p in (tmp_path / "crashed" / "checkpoints").iterdir()) == ["step_2"]
     before = read_rows(tmp_path / "crashed")

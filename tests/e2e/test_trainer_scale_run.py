@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-import trine.roles
-from tests.e2e.conftest import read_metrics
+from tests.e2e.conftest import read_metrics, run_crashing_after_step
 from trine.config import load_config
 from trine.loop import run
 from trine.models import load_model
@@ -31,10 +30,6 @@ SCALE = {
 }
 
 
-class Crash(RuntimeError):
-    """The simulated crash."""
-
-
 def test_lora_bf16_packed_run_learns_its_adapter_and_resumes(
     arithmetic_config, sft_start, tmp_path, monkeypatch
 ):
@@ -50,18 +45,8 @@ def test_lora_bf16_packed_run_learns_its_adapter_and_resumes(
     merged = load_model(checkpoint)  # the checkpoint's weights are a plain model with the adapter merged
     assert not any("lora" in k for k in merged.state_dict())
 
-    consume = trine.roles.TrainerSide.consume
-
-    def crash_after_step_3(side):
-        if side.version == 3:
-            raise Crash("simulated crash after step 3")
-        return consume(side)
-
     crashed = arithmetic_config(scale, name="crashed")
-    monkeypatch.setattr(trine.roles.TrainerSide, "consume", crash_after_step_3)
-    with pytest.raises(Crash):
-        run(load_config(crashed))
-    monkeypatch.undo()
+    run_crashing_after_step(crashed, 3, monkeypatch)
     run(load_config(crashed))  # resumes from step_2: base from model.path, adapter from the checkpoint
     resumed = read_metrics(tmp_path / "crashed")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]

@@ -9,6 +9,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
+from tests.unit.test_rollout_correction import _exps as shifted_experiences
 from trine.algorithms import PRESETS
 from trine.models import load_model, load_tokenizer
 from trine.models.batching import collate, forward_logprobs
@@ -19,26 +20,12 @@ from trine.types import Experience
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SPECS = [("2+3?", "5 it is", 1.0, "a"), ("Hi", "hello there my friend", 0.0, "a"), ("x", "yes no", 0.5, "b")]
 LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": "all-linear"}
 
 
 def _exps(model, tokenizer) -> list[Experience]:
-    out = []
-    for q, a, r, g in SPECS:
-        prompt, response = tokenizer(q)["input_ids"], tokenizer(a)["input_ids"]
-        e = Experience(
-            tokens=prompt + response,
-            prompt_length=len(prompt),
-            action_mask=[1] * len(response),
-            reward=r,
-            group_id=g,
-        )
-        with torch.no_grad():
-            lp, _ = forward_logprobs(model, collate([e], [0], tokenizer.pad_token_id, "cpu"))
-        e.logprobs = (lp[0] + 0.05).tolist()  # near the policy, not at it
-        out.append(e)
-    return out
+    """Rollout-like experiences whose behaviour logprobs are near the policy's (0.05 above), not at them."""
+    return shifted_experiences(model, tokenizer, -0.05)
 
 
 def _step(model_dir, algo="grpo", policy=None, ref=None, **kwargs) -> tuple[dict[str, float], Trainer]:

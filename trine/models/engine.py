@@ -48,6 +48,7 @@ from trine.models.prefix_cache import (
     supports_prefix_reuse,
     weights_fingerprint,
 )
+from trine.models.queueing import serve_queue
 from trine.models.sampling import kept_set
 from trine.types import Completion, SamplingParams
 
@@ -169,24 +170,11 @@ class HFEngine:
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._pending:
-            for _ in range(3):  # let workflows that are ready submit before the batch closes
-                await asyncio.sleep(0)
-            batch, rows = [], 0
-            while self._pending and (not batch or rows + self._pending[0].params.n <= self.max_batch_size):
-                request = self._pending.pop(0)
-                batch.append(request)
-                rows += request.params.n
-            try:
-                results = await loop.run_in_executor(self._executor, self.generate_batch, batch)
-            except Exception as err:  # the callers decide to retry or skip
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(err)
-                continue
-            for request, completions in zip(batch, results):
-                if not request.future.done():
-                    request.future.set_result(completions)
+        await serve_queue(
+            self._pending,
+            self.max_batch_size,
+            lambda batch: loop.run_in_executor(self._executor, self.generate_batch, batch),
+        )
 
     # ----------------------------------------------------------------- sync API (eval, benchmarks)
     def generate_batch(

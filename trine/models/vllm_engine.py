@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trine.models.chat import encode_prompt
+from trine.models.queueing import serve_queue
 from trine.models.vllm_requests import (
     completions,
     import_vllm,
@@ -173,24 +174,11 @@ class VLLMEngine:
 
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         """Hand this loop's queued requests to the worker thread, one batch at a time, until none are left."""
-        pending = self._pending[loop]
-        while pending:
-            for _ in range(3):  # let workflows that are ready submit before the batch closes
-                await asyncio.sleep(0)
-            batch, rows = [], 0
-            while pending and (not batch or rows + pending[0].params.n <= self.max_batch_size):
-                batch.append(pending.pop(0))
-                rows += batch[-1].params.n
-            try:
-                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
-            except Exception as err:  # the callers decide to retry or skip
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(err)
-                continue
-            for request, result in zip(batch, results):
-                if not request.future.done():
-                    request.future.set_result(result)
+        await serve_queue(
+            self._pending[loop],
+            self.max_batch_size,
+            lambda batch: loop.run_in_executor(self._executor, self._run_batch, batch),
+        )
         self._pending.pop(loop, None)
         self._serving.pop(loop, None)
 
