@@ -4,6 +4,7 @@ reference as the adapter-disabled policy and merged rollout weights, and the off
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing as mp
 
 import pytest
@@ -74,22 +75,29 @@ def _fsdp_child(model_dir: str, queue) -> None:
     weights = rollout_state_dict(trainer.model)
     diff = max(float((weights[k] - v).abs().max()) for k, v in reference.state_dict().items())
     copy_ok = type(next(plain_copy(trainer.model).parameters())).__name__
-    queue.put((sharded, plain["trainer/grad_norm"], metrics["trainer/grad_norm"], diff, copy_ok))
+    lora_diff = None
+    if importlib.util.find_spec("peft") is not None:  # LoRA adapters on a sharded model: the same step
+        _, both = _step(model_dir, policy=prepare_policy(load_model(model_dir), lora=LORA, fsdp=True))
+        _, only = _step(model_dir, policy=prepare_policy(load_model(model_dir), lora=LORA))
+        merged, expected = rollout_state_dict(both.model), rollout_state_dict(only.model)
+        lora_diff = max(float((merged[k] - v).abs().max()) for k, v in expected.items())
+    queue.put((sharded, plain["trainer/grad_norm"], metrics["trainer/grad_norm"], diff, copy_ok, lora_diff))
 
 
 def test_fsdp2_on_one_process_matches_the_plain_step(tiny_model_dir):
     """FSDP2 over a one-process gloo group (in a child process: the group is process-wide): the same
-    step as unsharded, and the rollout weights gathered into plain tensors."""
+    step as unsharded, the rollout weights gathered into plain tensors; with LoRA adapters too."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_fsdp_child, args=(str(tiny_model_dir), queue))
     child.start()
-    sharded, plain_norm, fsdp_norm, diff, copy_type = queue.get(timeout=120)
+    sharded, plain_norm, fsdp_norm, diff, copy_type, lora_diff = queue.get(timeout=120)
     child.join(timeout=30)
     assert child.exitcode == 0
     assert sharded == "DTensor" and copy_type == "Parameter"
     assert fsdp_norm == pytest.approx(plain_norm, rel=1e-5)
     assert diff < 1e-6
+    assert lora_diff is None or lora_diff < 1e-6  # None: no peft (the `lora` extra) here
 
 
 def test_lora_trains_adapters_only_and_hands_out_merged_weights(tiny_model_dir, tmp_path):
