@@ -7,6 +7,7 @@ commands (join a sender, pull a version, close). Tests that kill or stop an expl
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -67,6 +68,10 @@ class _ExplorerSide:
         start = time.monotonic()
         self.receiver.close()
         return time.monotonic() - start
+
+    def tied(self) -> bool:
+        """Whether the engine's output head still shares the embedding after loading (sent once)."""
+        return self.engine.model.lm_head.weight is self.engine.model.model.embed_tokens.weight
 
     def thread_ended(self, within: float) -> bool:
         self.receiver._thread.join(within)
@@ -212,6 +217,9 @@ def test_an_explorer_receives_bit_identical_weights(explorers, model_dir, bucket
             loaded, received = explorer.ask("pull", version, 30.0)
             assert loaded == version
             _assert_identical(received, expected)
+        sent = json.loads(sender.current[1])
+        assert sent["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}  # the tied head: once
+        assert "lm_head.weight" not in [name for name, _, _ in sent["tensors"]] and explorer.ask("tied")
         assert sender.metrics() == {"sync/receivers": 1.0, "sync/broadcast_failures": 0.0}
         assert sender.latest() == base + 2 and sender.seconds > 0
     finally:

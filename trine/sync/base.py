@@ -91,3 +91,20 @@ def check_fits(engine: Any, state: dict[str, Tensor]) -> None:
     ]
     if problems:
         raise RuntimeError("; ".join(problems))
+
+
+def split_aliases(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """(the distinct tensors of ``state``, {alias key: key it shares}): keys whose tensors are the same
+    view of the same memory (tied weights, e.g. ``lm_head.weight`` and ``model.embed_tokens.weight``)
+    travel and are stored once."""
+    tensors: dict[str, Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for key, value in state.items():
+        ident = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+        if value.numel() > 0 and ident in seen:
+            aliases[key] = seen[ident]
+            continue
+        seen[ident] = key
+        tensors[key] = value
+    return tensors, aliases

@@ -8,8 +8,8 @@ breaks only its own channel (the trainer counts it and goes on), and one that (r
 and at once the newest version the trainer pushed: it never waits for the next training step.
 
 On a channel, the trainer first sends a one-number hello (so that NCCL forms its communicator while both
-ends are there, not at the first version), then the *layout* (names, dtypes, shapes of the tensors, as a byte
-tensor), then for each version a header ``[version, layout bytes or 0]`` and the tensors flattened into
+ends are there, not at the first version), then the *layout* (names, dtypes, shapes of the tensors, and the
+aliases of tied tensors, which travel once; as a byte tensor), then for each version a header ``[version, layout bytes or 0]`` and the tensors flattened into
 buckets of at most ``bucket_mb`` MB per dtype (:func:`buckets`); a tensor larger than a bucket goes alone.
 ``push`` returns once every live explorer holds the version (or its channel failed, within ``timeout``
 seconds); the explorer keeps receiving in a background thread and :meth:`BroadcastReceiver.pull` loads the
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from trine.models.protocol import RolloutModel
-from trine.sync.base import check_fits
+from trine.sync.base import check_fits, split_aliases
 
 log = logging.getLogger("trine")
 JOINS = "trine/joins"
@@ -251,10 +251,12 @@ class BroadcastSender:
         """Send ``model``'s weights as ``version`` to every live explorer; returns when each holds it or
         its channel failed (a failure costs only that explorer, counted in ``sync/broadcast_failures``)."""
         start = time.perf_counter()
-        state = rollout_state(model)
-        tensors = [t.detach() for t in state.values()]
-        tensors_layout = [[k, str(t.dtype), list(t.shape)] for k, t in zip(state, tensors)]
-        layout = json.dumps({"bucket_bytes": self.bucket_bytes, "tensors": tensors_layout})
+        distinct, aliases = split_aliases(rollout_state(model))  # a tied embedding travels once
+        tensors = [t.detach() for t in distinct.values()]
+        tensors_layout = [[k, str(t.dtype), list(t.shape)] for k, t in zip(distinct, tensors)]
+        layout = json.dumps(
+            {"bucket_bytes": self.bucket_bytes, "tensors": tensors_layout, "aliases": aliases}
+        )
         # one copy (torch.cat always copies), shared by every channel: the trainer may step on at once
         flats = [
             torch.cat([tensors[i].reshape(-1).to(self.device) for i in indices])
@@ -365,6 +367,7 @@ class BroadcastReceiver:
     def _receive_all(self, group: Any) -> None:
         device = self.device
         layout: list[tuple[str, str, list[int]]] = []
+        aliases: dict[str, str] = {}
         bucket_bytes = 1
         while True:
             header = torch.zeros(2, dtype=torch.int64, device=device)
@@ -384,9 +387,11 @@ class BroadcastReceiver:
                 _broadcast(group, raw)
                 message = json.loads(raw.cpu().numpy().tobytes().decode())
                 layout, bucket_bytes = message["tensors"], message["bucket_bytes"]
+                aliases = message.get("aliases", {})
             state: dict[str, Tensor] = {}
             for indices in buckets(layout, bucket_bytes):
                 self._receive_bucket(group, layout, indices, state, device)
+            state.update({alias: state[key] for alias, key in aliases.items()})
             if device != "cpu":  # NCCL's wait() only orders the stream: hold whole versions only
                 torch.cuda.synchronize(device)
             with self.cond:

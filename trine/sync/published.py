@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from trine.models.export import rollout_state_dict
 from trine.models.protocol import RolloutModel
-from trine.sync.base import check_fits
+from trine.sync.base import check_fits, split_aliases
 
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "meta.json"
@@ -289,17 +289,9 @@ def _cpu_state(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str], lis
 
     Keys whose tensors are the same view of the same memory (tied weights) are stored once; the
     copies share no memory, as safetensors requires."""
-    tensors: dict[str, Tensor] = {}
-    aliases: dict[str, str] = {}
-    seen: dict[tuple, str] = {}
     state = rollout_state_dict(model)
-    for key, value in state.items():
-        ident = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
-        if value.numel() > 0 and ident in seen:
-            aliases[key] = seen[ident]
-            continue
-        seen[ident] = key
-        tensors[key] = value.detach().to("cpu", copy=True).contiguous()
+    distinct, aliases = split_aliases(state)
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in distinct.items()}
     return tensors, aliases, list(state)
 
 
