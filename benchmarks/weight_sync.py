@@ -200,7 +200,7 @@ def main() -> None:
         f"One sync = `push` until every explorer process has the version loaded into its HFEngine (float32, "
         f"1 torch thread per explorer). Broadcast: gloo over loopback, 64 MB buckets; published: safetensors "
         f"write + fsync + rename, then load. Medians of {args.repeats} alternating syncs after a warm-up. "
-        "State dict MB counts the tied embedding twice, as the broadcast sends it (published stores it once). "
+        "State dict MB counts the tied embedding twice (the state dict lists it twice); both methods send and store it once. "
         f"Command: `{command}` (load average {load[0]:.1f} at the start).",
         write=not args.no_write,
     )
