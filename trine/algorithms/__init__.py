@@ -63,7 +63,7 @@ from trine.algorithms.presets import (
     resolve_advantage,
     resolve_loss,
 )
-from trine.algorithms.rollout_correction import correction_metrics, rollout_correction
+from trine.algorithms.rollout_correction import CORRECTION_SUMS, correction_metrics, rollout_correction
 
 ADVANTAGES = {
     "grpo": grpo_advantages,
@@ -96,6 +96,7 @@ LOSSES = {
 }
 
 __all__ = [
+    "CORRECTION_SUMS",
     "correction_metrics",
     "rollout_correction",
     "ADVANTAGES",

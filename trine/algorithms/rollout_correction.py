@@ -29,6 +29,9 @@ from torch import Tensor
 
 Level = Literal["off", "token", "sequence"]
 
+CORRECTION_SUMS = ("tokens", "rows", "kl_sum", "abs_diff_sum", "weight_sum", "capped", "masked")
+"""The sums :func:`rollout_correction` returns (they add up over micro-batches and trainer ranks)."""
+
 
 def rollout_correction(
     old_logprobs: Tensor,

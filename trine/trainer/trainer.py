@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from trine.algorithms import (
+    CORRECTION_SUMS,
     Algorithm,
     adaptive_kl_coef,
     aggregate,
@@ -51,6 +52,7 @@ from trine.trainer.inputs import (
     slice_rows,
     token_inputs,
 )
+from trine.trainer.ranks import idle_batch, my_share, sum_across, sum_floats, world
 from trine.types import Experience
 
 STANDARD_LOSS_INPUTS = ("logprobs", "old_logprobs", "advantages", "action_mask", "normalizer", "agg_mode")
@@ -133,6 +135,15 @@ class Trainer:
         """``bf16``: forwards under bfloat16 autocast, float32 weights and loss math (:meth:`autocast`)."""
         self.packed = packed
         """Micro-batches run packed, without padding (:func:`trine.models.batching.packed_logits`)."""
+        self.world, self.rank = world()
+        """Trainer ranks (:mod:`trine.trainer.ranks`): each runs its share of every step's micro-batches."""
+        if self.world > 1:
+            sharded = any(hasattr(p, "full_tensor") for p in model.parameters())
+            if not sharded or critic is not None:
+                raise ValueError(
+                    f"{self.world} trainer ranks need the policy sharded by FSDP2 (trainer.fsdp: true) and no "
+                    f"critic (the critic is not sharded); got fsdp={sharded}, critic={critic is not None}"
+                )
         params = [p for p in model.parameters() if p.requires_grad]
         adamw = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         try:
@@ -200,6 +211,8 @@ class Trainer:
                             )
                         )
         self.version += 1
+        if self.world > 1:  # every rank ran its share: the step's sums over all of them
+            stats.reduce(self.device)
         self._adapt_kl(stats, len(experiences))
         elapsed = time.perf_counter() - start
         metrics = stats.result("trainer/")
@@ -232,7 +245,9 @@ class Trainer:
         algo = self.algorithm
         width = max(e.response_length for e in exps)
         minis = self._plan(exps)
-        batches = [b for mbs, _ in minis for b in mbs]
+        every = [b for mbs, _ in minis for b in mbs]  # the step's micro-batches (inputs and normalizers)
+        batches = [b for _, mine in minis for b in mine]  # this rank's share, the forward passes
+        idle = [b for b in batches if all(b is not x for x in every)]
         adv_names = set(self.advantage_inputs)
         loss_names = set(self.loss_inputs) - set(STANDARD_LOSS_INPUTS)
         step: dict[str, Tensor] = sample_inputs(
@@ -249,21 +264,25 @@ class Trainer:
         if algo.needs_ref and algo.kl_mode == "reward":
             self._kl_into_rewards(exps, batches, step, width, stats)
         advantages = self._advantages(exps, step, stats)
-        mismatch: dict[str, float] = {}
-        for batch in batches:
+        for batch in every + idle:
             rows, w = batch.rows, batch.targets.shape[1]
             if advantages is not None:
                 batch.extras["advantages"] = slice_rows(advantages, rows, w).to(self.device)
-                if "rollout_logprobs" in batch.extras:
-                    self._correct_rollout(batch, mismatch)
             for name in loss_names & set(step):
                 batch.extras[name] = slice_rows(step[name], rows, w).to(self.device)
             if self.critic is not None:
                 batch.extras["old_values"] = slice_rows(step["values"], rows, w).to(self.device)
                 batch.extras["returns"] = slice_rows(step["returns"], rows, w).to(self.device)
-        if mismatch:
+        norms = [self._normalizers(mbs) for mbs, _ in minis]  # over every rank's rows, before corrections
+        mismatch: dict[str, float] = {}
+        for batch in batches:
+            if "rollout_logprobs" in batch.extras and advantages is not None:
+                self._correct_rollout(batch, mismatch)
+        if self.world > 1 and advantages is not None and self.recompute_logprobs:
+            mismatch = sum_floats({k: mismatch.get(k, 0.0) for k in CORRECTION_SUMS}, self.device)
+        if mismatch.get("tokens"):
             stats.add_once(correction_metrics(mismatch))
-        return [(mbs, self._normalizers(mbs)) for mbs, _ in minis]
+        return [(mine, n) for (_, mine), n in zip(minis, norms)]
 
     def _correct_rollout(self, batch: MicroBatch, sums: dict[str, float]) -> None:
         """Rollout correction (``algorithm.rollout_is`` / ``rollout_mask_threshold``): the advantages
@@ -289,7 +308,8 @@ class Trainer:
         if algo.rollout_mask_threshold is not None:
             batch.action_mask = batch.action_mask * keep
 
-    def _plan(self, exps: list[Experience]) -> list[tuple[list[MicroBatch], list[int]]]:
+    def _plan(self, exps: list[Experience]) -> list[tuple[list[MicroBatch], list[MicroBatch]]]:
+        """Per mini-batch: (all its micro-batches, this rank's share of them)."""
         order = list(range(len(exps)))
         if self.mini_batches > 1:
             order = torch.randperm(len(exps), generator=self.rng).tolist()
@@ -298,8 +318,9 @@ class Trainer:
         for start in range(0, len(order), size):
             rows = order[start : start + size]
             plan = plan_micro_batches([len(exps[i].tokens) for i in rows], self.micro_batch_tokens)
+            every = [collate(exps, [rows[j] for j in p], self.pad_token_id, self.device) for p in plan]
             minis.append(
-                ([collate(exps, [rows[j] for j in p], self.pad_token_id, self.device) for p in plan], rows)
+                (every, my_share(every, self.world, self.rank, idle_batch) if self.world > 1 else every)
             )
         return minis
 
@@ -307,9 +328,11 @@ class Trainer:
         """Run ``fn(batch) -> [B_mb, R_mb]`` on every micro-batch; gather into a right-aligned ``[n, width]``."""
         out = torch.zeros((n, width), dtype=torch.float32)
         for batch in batches:
+            if self.world > 1 and not batch.action_mask.any():  # an idle copy: its rows are another rank's
+                continue
             values = fn(batch).detach().float().cpu()
             out[batch.rows, width - values.shape[1] :] = values
-        return out
+        return sum_across(out, self.device) if self.world > 1 else out
 
     def _advantages(self, exps: list[Experience], step: dict[str, Tensor], stats: _Sums) -> Tensor | None:
         algo = self.algorithm
@@ -429,7 +452,7 @@ class Trainer:
             loss = loss + term
         if entropy is not None:
             stats["entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
-        loss.backward()
+        (loss * self.world if self.world > 1 else loss).backward()  # FSDP2 averages the ranks: sum them
         return loss.detach(), stats
 
     def _pair_updates(self, exps: list[Experience], stats: _Sums) -> None:
@@ -440,9 +463,12 @@ class Trainer:
         self.model.train()
         for _ in range(self.update_epochs):
             total = 0.0
-            for part in _chunks(
+            chunks = _chunks(
                 order, self.micro_batch_tokens, [len(exps[c].tokens) + len(exps[r].tokens) for c, r in pairs]
-            ):
+            )
+            mine = my_share(chunks, self.world, self.rank, lambda _: None) if self.world > 1 else chunks
+            for chunk in mine:  # None: an idle pass of another chunk (trainer ranks run equal counts)
+                part, scale = (chunks[0], 0.0) if chunk is None else (chunk, 1.0)
                 rows = [i for p in part for i in pairs[p]]
                 batch = collate(exps, rows, self.pad_token_id, self.device)
                 with torch.no_grad():
@@ -460,9 +486,9 @@ class Trainer:
                     normalizer=float(len(pairs)),
                     **algo.loss_args,
                 )
-                loss.backward()
-                total += float(loss.detach())
-                stats.add_tokens(micro, batch)
+                (loss * scale * self.world).backward()  # FSDP2 averages the ranks' gradients: sum them
+                total += scale * float(loss.detach())
+                stats.add_tokens(micro, batch if scale else idle_batch(batch))
             stats.add_step({"loss": total, "grad_norm": self._optimizer_step()})
 
     def _adapt_kl(self, stats: _Sums, samples: int) -> None:
@@ -550,11 +576,12 @@ class _Sums:
 
     def add_tokens(self, stats: dict[str, float], batch: MicroBatch) -> None:
         w = float(batch.action_mask.sum())
-        for k, v in stats.items():
-            self.weighted[k] = self.weighted.get(k, 0.0) + v * w
+        for k, v in stats.items():  # every key, even at weight 0: trainer ranks sum the same keys
+            self.weighted[k] = self.weighted.get(k, 0.0) + (v * w if w else 0.0)
         self.weight += w
-        self.tokens += batch.num_tokens
-        self.padded += batch.padded_tokens
+        if w:  # an idle pass of a trainer rank trains nothing and counts no tokens
+            self.tokens += batch.num_tokens
+            self.padded += batch.padded_tokens
 
     def add_step(self, stats: dict[str, float]) -> None:
         for k, v in stats.items():
@@ -563,6 +590,20 @@ class _Sums:
 
     def add_once(self, stats: dict[str, float]) -> None:
         self.once.update(stats)
+
+    def reduce(self, device: torch.device) -> None:
+        """Sum what every trainer rank accumulated over its share of the step (same keys on every rank);
+        the gradient norm is already global (FSDP2's clipping sees every shard)."""
+        keys = sorted(self.weighted)
+        local = {**{f"w/{k}": self.weighted[k] for k in keys}, "weight": self.weight}
+        local.update(
+            tokens=float(self.tokens), padded=float(self.padded), loss=self.per_step.get("loss", 0.0)
+        )
+        total = sum_floats(local, device)
+        self.weighted = {k: total[f"w/{k}"] for k in keys}
+        self.weight, self.tokens, self.padded = total["weight"], int(total["tokens"]), int(total["padded"])
+        if "loss" in self.per_step:
+            self.per_step["loss"] = total["loss"]
 
     def result(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}{k}": v for k, v in self.once.items()}
