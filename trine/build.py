@@ -35,6 +35,10 @@ def load_policy(cfg: RunConfig, path: str | None = None, *, weights: bool = True
         init_model(m.init_preset, m.path, seed=cfg.seed)
     if not weights:
         return None, load_tokenizer(path or m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    if path is not None and not (Path(path) / "config.json").is_file():  # a trainer rank's checkpoint
+        from trine.trainer.ranks import leader_checkpoint
+
+        path = leader_checkpoint(path)
     source = path or m.path
     adapter = Path(path) / "adapter" if path is not None else None
     if adapter is not None and cfg.trainer.lora is not None and adapter.is_dir():

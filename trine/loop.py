@@ -16,12 +16,14 @@ from trine import build, modes, preflight
 from trine.config import RunConfig
 from trine.roles import Stage
 from trine.rundir import RunDir
+from trine.trainer.ranks import rank_stages
 
 
 def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[str, Any]:
     """Run every stage in order (resuming where the run directory left off); returns the summary.
     ``part="trainer"``: the trainer process of an async run (:mod:`trine.modes.processes`); ``source``:
     train on it alone (a replay, :mod:`trine.modes.replay`)."""
+    stages = rank_stages(stages, part)  # several trainer ranks under torchrun: this rank's view
     preflight.check(stages)  # data and model files, before anything is written
     rd = RunDir.open(stages, build.load_policy)
     if rd.done:

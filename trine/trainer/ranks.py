@@ -80,3 +80,54 @@ def idle_batch(batch: Any) -> Any:
     return dataclasses.replace(
         batch, action_mask=torch.zeros_like(batch.action_mask), extras=dict(batch.extras)
     )
+
+
+def rank_stages(stages: list[Any], part: str) -> list[Any]:
+    """The stages this rank runs when torchrun started several trainer ranks (unchanged otherwise).
+
+    Every rank runs the same program on the same data: ``mode: train`` reads its rows in the same
+    seeded order on each. Rank 0 keeps the run directory; rank ``r`` writes its own under
+    ``<run_dir>/ranks/<r>`` (metrics as jsonl only; checkpoints with its shard of the optimizer state),
+    so nothing is written twice and every rank resumes from its own files."""
+    count = launched_ranks()
+    if count <= 1:
+        return stages
+    problems = [
+        f"stage {s.stage!r}: "
+        + ", ".join(
+            ([] if s.trainer.fsdp else ["trainer.fsdp is false"])
+            + ([] if s.mode == "train" else [f"mode is {s.mode!r}"])
+        )
+        for s in stages
+        if not s.trainer.fsdp or s.mode != "train"
+    ]
+    if problems or part != "all":
+        raise ValueError(
+            f"{count} trainer ranks (torchrun) shard the policy with FSDP2 and split each step between them; "
+            "they run `trine run` on a config whose stages all have trainer.fsdp: true and mode: train "
+            f"(trainer processes of async runs are not wired yet): {'; '.join(problems) or f'part {part!r}'}"
+        )
+    from pathlib import Path
+
+    from trine.config import MonitorConfig
+
+    _, rank = init_from_env(stages[0].model.device)
+    if rank == 0:
+        return stages
+    first = stages[0]
+    base = Path(first.run_dir) if first.run_dir else Path("runs") / first.name
+    own = {"run_dir": str(base / "ranks" / str(rank)), "monitor": MonitorConfig(sinks=["jsonl"], plot=False)}
+    return [s.model_copy(update=own) for s in stages]
+
+
+def leader_checkpoint(path: str) -> str:
+    """Where rank 0 wrote the weights of the checkpoint a follower resumes from: ``<run>/ranks/<r>/X`` →
+    ``<run>/X`` (the model files are written once, by rank 0; a follower's checkpoint holds its own
+    optimizer shard and loop state). Other paths are returned unchanged."""
+    from pathlib import Path
+
+    parts = Path(path).parts
+    if "ranks" not in parts[:-1]:
+        return path
+    at = len(parts) - 1 - parts[::-1].index("ranks")
+    return str(Path(*parts[:at], *parts[at + 2 :]))
