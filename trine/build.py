@@ -226,10 +226,22 @@ def _trainer_process(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) ->
     """The trainer side of a trainer process: the run's SQL buffer (a resume undoes only what this
     process took since its checkpoint) and weights published into ``<run_dir>/weights``."""
     from trine.buffer import open_buffer
+    from trine.trainer.ranks import world
 
     cfg, side = stage.cfg, stage.trainer
-    side.buffer = open_buffer(cfg.buffer, run_dir, rewind="reads")
-    side.sync = process_sync(cfg, run_dir, "trainer")
+    size, rank = world()
+    if size == 1:
+        side.buffer = open_buffer(cfg.buffer, run_dir, rewind="reads")
+        side.sync = process_sync(cfg, run_dir, "trainer")
+    else:  # trainer ranks (torchrun): rank 0 takes the batches for all and sends the weights
+        from trine.ranked import GatherOnly, RankedBuffer
+
+        leader = rank == 0
+        device = side.trainer.device if side.trainer.device.type == "cuda" else None
+        side.buffer = RankedBuffer(
+            open_buffer(cfg.buffer, run_dir, rewind="reads") if leader else None, device
+        )
+        side.sync = process_sync(cfg, run_dir, "trainer") if leader else GatherOnly()
     side.sync_interval, side.get_timeout = cfg.sync.sync_interval, cfg.buffer.get_timeout
     side.batch_size = cfg.trainer.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
     if cfg.tasks.eval:

@@ -23,7 +23,8 @@ def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[
     """Run every stage in order (resuming where the run directory left off); returns the summary.
     ``part="trainer"``: the trainer process of an async run (:mod:`trine.modes.processes`); ``source``:
     train on it alone (a replay, :mod:`trine.modes.replay`)."""
-    stages = rank_stages(stages, part)  # several trainer ranks under torchrun: this rank's view
+    if part == "all":  # several trainer ranks under torchrun: this rank's view (`trine train`: its own call)
+        stages = rank_stages(stages, part)
     preflight.check(stages)  # data and model files, before anything is written
     rd = RunDir.open(stages, build.load_policy)
     if rd.done:

@@ -29,7 +29,11 @@ def _config(tmp_path, model_dir, name: str, **extra) -> str:
         "mode": "train",
         "model": {"path": str(model_dir)},
         "algorithm": {"name": "sft"},
-        "tasks": {"batch_size": 8, "total_steps": 4, "train": {"path": str(EXAMPLE / "data" / "train.jsonl")}},
+        "tasks": {
+            "batch_size": 8,
+            "total_steps": 4,
+            "train": {"path": str(EXAMPLE / "data" / "train.jsonl")},
+        },
         "trainer": {"lr": 3e-3, "fsdp": True, "micro_batch_tokens": 64, "save_every": 2},
         "eval": {"at_start": False},
         "monitor": {"sinks": ["jsonl"], "plot": False},
@@ -40,18 +44,28 @@ def _config(tmp_path, model_dir, name: str, **extra) -> str:
     return str(path)
 
 
-def _torchrun(config: str, *overrides: str) -> subprocess.CompletedProcess:
+def _torchrun(config: str, *overrides: str, command: str = "run") -> subprocess.CompletedProcess:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port)]
-    command += ["-m", "trine.cli", "run", config, *overrides]
-    return subprocess.run(command, capture_output=True, text=True, timeout=400)
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(port),
+    ]
+    launcher += ["-m", "trine.cli", command, config, *overrides]
+    return subprocess.run(launcher, capture_output=True, text=True, timeout=400)
 
 
 def test_two_ranks_train_like_one_process_and_resume(tmp_path, tiny_model_dir):
     alone = _config(tmp_path, tiny_model_dir, "alone")
-    subprocess.run([sys.executable, "-m", "trine.cli", "run", alone], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "trine.cli", "run", alone], check=True, capture_output=True, timeout=300
+    )
     reference = read_metrics(tmp_path / "alone")
 
     ranked = _config(tmp_path, tiny_model_dir, "ranked")
@@ -84,3 +98,42 @@ def test_ranks_refuse_a_config_they_cannot_split(tmp_path, tiny_model_dir):
     done = _torchrun(config, "trainer.fsdp=false")
     assert done.returncode != 0
     assert "2 trainer ranks (torchrun)" in done.stderr and "trainer.fsdp is false" in done.stderr
+
+
+def test_a_two_rank_trainer_process_learns_from_an_explorer_process(tmp_path, tiny_model_dir):
+    """``torchrun --nproc-per-node 2 trine train`` next to ``trine explore``: rank 0 takes each batch from the
+    SQL buffer and hands it to rank 1, the explorer gets rank 0's weights, every step is trained once."""
+    from tests.conftest import write_arithmetic_config
+    from tests.faults.test_kill_resume import trine
+    from trine.buffer.inspect import read_rows
+
+    config = write_arithmetic_config(
+        tmp_path,
+        tiny_model_dir,
+        "procs",
+        {
+            "mode": "async",
+            "launch": "processes",
+            "num_threads": 1,
+            "tasks": {"batch_size": 2, "total_steps": 4, "train": {"repeat": 4}},
+            "buffer": {"storage": "sql", "max_staleness": 2},
+            "trainer": {"fsdp": True, "save_every": 2},
+            "sync": {"wait_timeout": 120},
+        },
+    )
+    explorer = trine("explore", str(config), "--explorer-id", "0", "--explorers", "1")
+    try:
+        done = _torchrun(str(config), command="train")
+        assert done.returncode == 0, done.stderr[-3000:]
+        out, _ = explorer.communicate(timeout=120)
+        assert explorer.returncode == 0, out
+    finally:
+        if explorer.poll() is None:
+            explorer.kill()
+    run_dir = tmp_path / "procs"
+    trained = [r for r in read_metrics(run_dir) if "trainer/loss" in r]
+    assert [r["step"] for r in trained] == [1, 2, 3, 4] and all(r["trainer/batch_size"] == 8 for r in trained)
+    assert [r["step"] for r in read_metrics(run_dir / "ranks" / "1") if "trainer/loss" in r] == [1, 2, 3, 4]
+    consumed = [e for e, status in read_rows(run_dir) if status == "consumed"]
+    assert len(consumed) == 4 * 8 and len({e.id for e in consumed}) == 32  # each experience trained once
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"

@@ -53,7 +53,7 @@ ENTRY_POINTS = {
     "trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "check", "serve", "studio", "distributed",
 }  # fmt: skip
 WIRING = ENTRY_POINTS | {
-    "roles", "streaming", "build", "rundir", "refill", "preflight", "status_report", "check_probes",
+    "roles", "streaming", "build", "rundir", "refill", "preflight", "status_report", "check_probes", "ranked",
 }  # fmt: skip
 
 RAY_OWNER = "distributed"

@@ -130,8 +130,9 @@ def trainer_lock(run_dir: Path) -> Iterator[None]:
 def train(stages: list[RunConfig]) -> dict[str, Any]:
     """``trine train``: the trainer process of an async run (see the module docstring)."""
     from trine.loop import run
+    from trine.trainer.ranks import rank_stages
 
-    cfg = as_process(stages, "train")
+    cfg = rank_stages([as_process(stages, "train")], "trainer")[0]  # under torchrun: this rank's view
     run_dir = run_dir_of(cfg)
     check_shared_config(cfg, run_dir)
     with trainer_lock(run_dir):
@@ -226,6 +227,12 @@ def _explore_loop(cfg: RunConfig, side: Any, monitor: Any, heartbeat: Any, stop:
 def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConfig) -> int:
     """``trine run`` with ``launch: processes``: start ``trine train`` and ``explorer.instances`` ×
     ``trine explore`` on the same config, forward Ctrl-C / SIGTERM to them, wait; the trainer's exit code."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ProcessSetupError(
+            "`trine run` with launch: processes starts the trainer and the explorers itself; under torchrun, start "
+            "the trainer ranks with `torchrun --nproc-per-node N -m trine.cli train CONFIG` and the explorers "
+            "with `trine explore CONFIG --explorer-id I --explorers N` instead"
+        )
     base = [sys.executable, "-m", "trine.cli"]
     extra = [*overrides, *(a for p in plugins for a in ("--plugin", str(p)))]
     n = cfg.explorer.instances

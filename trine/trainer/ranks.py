@@ -86,26 +86,28 @@ def rank_stages(stages: list[Any], part: str) -> list[Any]:
     """The stages this rank runs when torchrun started several trainer ranks (unchanged otherwise).
 
     Every rank runs the same program on the same data: ``mode: train`` reads its rows in the same
-    seeded order on each. Rank 0 keeps the run directory; rank ``r`` writes its own under
+    seeded order on each; a trainer process (``part="trainer"``) gets each batch from rank 0
+    (:class:`trine.ranked.RankedBuffer`). Rank 0 keeps the run directory; rank ``r`` writes its own under
     ``<run_dir>/ranks/<r>`` (metrics as jsonl only; checkpoints with its shard of the optimizer state),
     so nothing is written twice and every rank resumes from its own files."""
     count = launched_ranks()
     if count <= 1:
         return stages
+    mode = "train" if part == "all" else "async"  # `trine run` of a supervised run, or `trine train`
     problems = [
         f"stage {s.stage!r}: "
         + ", ".join(
             ([] if s.trainer.fsdp else ["trainer.fsdp is false"])
-            + ([] if s.mode == "train" else [f"mode is {s.mode!r}"])
+            + ([] if s.mode == mode else [f"mode is {s.mode!r}"])
         )
         for s in stages
-        if not s.trainer.fsdp or s.mode != "train"
+        if not s.trainer.fsdp or s.mode != mode
     ]
-    if problems or part != "all":
+    if problems:
         raise ValueError(
             f"{count} trainer ranks (torchrun) shard the policy with FSDP2 and split each step between them; "
-            "they run `trine run` on a config whose stages all have trainer.fsdp: true and mode: train "
-            f"(trainer processes of async runs are not wired yet): {'; '.join(problems) or f'part {part!r}'}"
+            "they run `trine run` on a supervised config (mode: train) or `trine train` on an async run of "
+            f"explorer processes (mode: async, launch: processes), with trainer.fsdp: true: {'; '.join(problems)}"
         )
     from pathlib import Path
 
