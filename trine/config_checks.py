@@ -252,6 +252,11 @@ def _process_problems(cfg: RunConfig) -> list[str]:
             return [f"sync.method {method!r} is for launch: processes or cluster.backend: ray"]
         return []
     problems = []
+    if cfg.cluster.trainer_ranks > 1 and not cfg.trainer.fsdp:
+        problems.append(
+            f"cluster.trainer_ranks: {cfg.cluster.trainer_ranks} splits every step between trainer actors over "
+            "FSDP2 shards; set trainer.fsdp: true (or trainer_ranks: 1)"
+        )
     if cfg.cluster.backend == "ray" and "launch" in cfg.model_fields_set and cfg.launch == "thread":
         problems.append(
             "launch: thread with cluster.backend: ray: Ray runs the trainer and the explorers as separate "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from trine.config_base import Count, NonNeg, NonNegInt, Positive, Section
 
@@ -32,8 +32,12 @@ class ClusterConfig(Section):
     trainer_cpus: Positive = 0.5
     """Ray CPUs the trainer actor reserves (fractions allowed: Ray's CPUs are a scheduling budget; the
     torch threads are ``num_threads``)."""
+    trainer_ranks: Count = 1
+    """Trainer actors: more than one shards the policy across them with FSDP2 (``trainer.fsdp: true``) and
+    splits every step between them (:mod:`trine.trainer.ranks`), one GPU each."""
     trainer_gpus: NonNeg = 0
-    """GPUs the trainer actor reserves (0: it trains on CPU; at most 1: the trainer is one process)."""
+    """GPUs each trainer actor reserves (0: it trains on CPU; at most 1: more GPUs are more
+    ``trainer_ranks``)."""
     explorer_cpus: Positive = 0.5
     """Ray CPUs each explorer actor reserves."""
     explorer_gpus: NonNeg = 0
@@ -57,7 +61,16 @@ class ClusterConfig(Section):
     def _one_trainer_process(cls, v: float) -> float:
         if v > 1:
             raise ValueError(
-                f"cluster.trainer_gpus: {v:g}: the trainer is one process on at most one GPU (trainer.fsdp shards "
-                "within it; one trainer process per GPU is not wired yet); set trainer_gpus: 1"
+                f"cluster.trainer_gpus: {v:g}: a trainer actor is one process on at most one GPU; for {v:g} GPUs "
+                f"set trainer_gpus: 1 and trainer_ranks: {v:g} (with trainer.fsdp: true)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _ranks_on_ray(self) -> ClusterConfig:
+        if self.trainer_ranks > 1 and self.backend != "ray":
+            raise ValueError(
+                f"cluster.trainer_ranks: {self.trainer_ranks} starts trainer actors on Ray (backend: ray); on this "
+                "machine start the ranks with `torchrun --nproc-per-node N -m trine.cli train CONFIG` instead"
+            )
+        return self

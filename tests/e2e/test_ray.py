@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -112,6 +113,33 @@ def test_ray_run_learns_and_survives_a_killed_explorer(sft_start, arithmetic_con
     assert max(samples.values()) == 1  # no task sample produced twice, by either explorer
     consumed = db.execute("SELECT COUNT(*) FROM experiences WHERE consumed_at IS NOT NULL").fetchone()[0]
     assert consumed == STEPS * 16 * 8  # every step trained one batch, none twice
+
+
+def test_two_trainer_rank_actors_split_each_step(arithmetic_config, tmp_path):
+    """``cluster.trainer_ranks: 2``: two trainer actors over FSDP2 shards (gloo on CPU), rank 0 taking each
+    batch from the buffer for both and broadcasting the weights to the explorer actor."""
+    cfg = arithmetic_config(
+        {
+            "mode": "async",
+            "num_threads": 1,
+            "cluster": {"backend": "ray", "num_cpus": 2, "trainer_ranks": 2, "trainer_cpus": 0.4},
+            "buffer": {"storage": "sql", "max_staleness": 2},
+            "sync": {"wait_timeout": 180},
+            "tasks": {"batch_size": 2, "total_steps": 4, "train": {"repeat": 4}},
+            "trainer": {"fsdp": True},
+        },
+        name="ranks",
+    )
+    proc = _trine("run", str(cfg))
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out
+    assert re.search(r"trainer\s+2\s+0\.4\s", out), out  # the printed resource plan: two trainer actors
+    run_dir = tmp_path / "ranks"
+    assert [r["step"] for r in read_metrics(run_dir) if "trainer/loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(run_dir / "ranks" / "1") if "trainer/loss" in r] == [1, 2, 3, 4]
+    db = sqlite3.connect(run_dir / "buffer.db")
+    consumed = db.execute("SELECT COUNT(*) FROM experiences WHERE consumed_at IS NOT NULL").fetchone()[0]
+    assert consumed == 4 * 2 * 4  # every step trained one batch, once
 
 
 def test_a_resource_request_no_node_can_grant_is_refused_before_anything_starts(arithmetic_config, tmp_path):

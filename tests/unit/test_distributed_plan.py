@@ -93,9 +93,24 @@ def test_broadcast_outside_processes_is_an_error(tmp_path):
         _ray_config(tmp_path, cluster={"backend": "local"}, sync={"method": "broadcast"})
 
 
-def test_the_trainer_is_one_process_on_at_most_one_gpu():
+def test_trainer_ranks_are_one_gpu_actors_each_in_its_own_bundle(tmp_path):
     assert ClusterConfig(backend="ray", trainer_gpus=1).trainer_gpus == 1
-    with pytest.raises(
-        ValueError, match=r"cluster.trainer_gpus: 2: the trainer is one process .* set trainer_gpus: 1"
-    ):
+    with pytest.raises(ValueError, match=r"trainer_gpus: 2: .* set trainer_gpus: 1 and trainer_ranks: 2"):
         ClusterConfig(backend="ray", trainer_gpus=2)
+    with pytest.raises(ValueError, match=r"trainer_ranks: 2 starts trainer actors on Ray .*torchrun"):
+        ClusterConfig(trainer_ranks=2)
+    plan = ResourcePlan.of(
+        ClusterConfig(backend="ray", trainer_ranks=3, trainer_gpus=1, explorer_gpus=1), 2, True
+    )
+    assert (
+        plan.bundles()
+        == [{"CPU": 0.6, "GPU": 1.0}, {"CPU": 0.5, "GPU": 1.0}, {"CPU": 0.5, "GPU": 1.0}]
+        + [{"CPU": 0.5, "GPU": 1.0}] * 2
+    )  # rank 0 with the writer, ranks 1-2, explorers 0-1
+    assert plan.totals()["GPU"] == 5
+    too_big = plan.problems({"CPU": 8.0, "GPU": 8.0}, [{"CPU": 8.0, "GPU": 0.5}] * 8)
+    assert any(p.startswith("a trainer rank asks for 1 GPUs in one bundle") for p in too_big), too_big
+    with pytest.raises(
+        ConfigError, match=r"cluster.trainer_ranks: 2 splits every step .* set trainer.fsdp: true"
+    ):
+        _ray_config(tmp_path, cluster={"backend": "ray", "trainer_ranks": 2})

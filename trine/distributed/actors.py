@@ -43,10 +43,12 @@ def node_info() -> dict[str, Any]:
     import ray
 
     ip = ray.util.get_node_ip_address()
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return {"ip": ip, "pid": os.getpid(), "port": port, "node_id": ray.get_runtime_context().get_node_id()}
+    with socket.socket() as a, socket.socket() as b:  # both held open: two different ports
+        a.bind(("", 0))
+        b.bind(("", 0))
+        port, spare = a.getsockname()[1], b.getsockname()[1]
+    node_id = ray.get_runtime_context().get_node_id()
+    return {"ip": ip, "pid": os.getpid(), "port": port, "spare_port": spare, "node_id": node_id}
 
 
 class TrainerActor:
@@ -59,10 +61,13 @@ class TrainerActor:
     def node(self) -> dict[str, Any]:
         return node_info()
 
-    def run(self, stages: list[RunConfig]) -> dict[str, Any]:
-        """Train the run (``stages``: as given at start, with the broadcast address the driver picked)."""
+    def run(self, stages: list[RunConfig], ranks: dict[str, str] | None = None) -> dict[str, Any]:
+        """Train the run (``stages``: as given at start, with the broadcast address the driver picked).
+        ``ranks``: this actor's place among several trainer ranks, as torchrun would describe it
+        (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)."""
         from trine.modes.processes import train
 
+        os.environ.update(ranks or {})
         return train(stages)
 
 

@@ -130,28 +130,34 @@ class Driver:
 
     def run(self) -> int:
         ray, cfg = self.ray, self.cfg
-        trainer = self._actor(TrainerActor, 0, cfg.cluster.trainer_cpus, cfg.cluster.trainer_gpus)
-        node = ray.get(trainer.node.remote())
+        c = cfg.cluster
+        trainers = [
+            self._actor(TrainerActor, r, c.trainer_cpus, c.trainer_gpus) for r in range(c.trainer_ranks)
+        ]
+        node = ray.get(trainers[0].node.remote())
         if cfg.sync_method == "broadcast" and cfg.sync.address is None:
             sync = cfg.sync.model_copy(update={"address": f"{node['ip']}:{node['port']}"})
             self.cfg = cfg = cfg.model_copy(update={"sync": sync})
         self.writer = None
         if self.with_writer:
             self.writer = self._actor(BufferWriter, 0, cfg.cluster.buffer_cpus, 0, run_dir=str(_run_dir(cfg)))
-        run = trainer.run.remote([cfg])
+        runs = [
+            actor.run.remote([cfg], _rank_env(r, c.trainer_ranks, node) if c.trainer_ranks > 1 else None)
+            for r, actor in enumerate(trainers)
+        ]
         for i in range(cfg.explorer.instances):
             self._start_explorer(i)
         try:
-            code = self._watch(trainer, run)
+            code = self._watch(runs)
         except KeyboardInterrupt:
-            self._stop_all(trainer)
+            self._stop_all(trainers)
             self._status("stopped", reason="interrupted; run the same command again to resume")
             raise
         except BaseException as err:
-            self._stop_all(trainer)
+            self._stop_all(trainers)
             self._status("failed", error=f"{type(err).__name__}: {err}; run again to resume")
             raise
-        self._stop_all(trainer)
+        self._stop_all(trainers)
         return code
 
     def _actor(self, cls: type, bundle: int, cpus: float, gpus: float, **kwargs: Any) -> Any:
@@ -170,20 +176,31 @@ class Driver:
 
     def _start_explorer(self, index: int) -> None:
         c = self.cfg.cluster
-        actor = self._actor(ExplorerActor, 1 + index, c.explorer_cpus, c.explorer_gpus)
+        actor = self._actor(ExplorerActor, c.trainer_ranks + index, c.explorer_cpus, c.explorer_gpus)
         ref = actor.run.remote(index, self.cfg.explorer.instances, self.writer)
         previous = self.explorers.get(index)
         self.explorers[index] = _Explorer(actor, ref, previous.restarts + 1 if previous else 0)
 
-    def _watch(self, trainer: Any, run: Any) -> int:
-        ray = self.ray
+    def _watch(self, runs: list[Any]) -> int:
+        """Until trainer rank 0 ends: restart explorers that die; a trainer rank that ends first ends the
+        run (the other ranks would wait for it in their next collective)."""
+        ray, run, others = self.ray, runs[0], list(runs[1:])
         while True:
-            pending = [run, *(e.ref for e in self.explorers.values() if e.ref is not None)]
+            pending = [run, *others, *(e.ref for e in self.explorers.values() if e.ref is not None)]
             ready, _ = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
             if not ready:
                 continue
             if ready[0] == run:
                 return self._trainer_ended(run)
+            if ready[0] in others:
+                rank = runs.index(ready[0])
+                try:
+                    ray.get(ready[0])
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                    raise RuntimeError(f"trainer rank {rank} failed: {first}") from err
+                others.remove(ready[0])  # finished its share: rank 0 ends the run
+                continue
             index = next(i for i, e in self.explorers.items() if e.ref == ready[0])
             self._explorer_ended(index)
 
@@ -224,7 +241,7 @@ class Driver:
         print(f"explorer {index}: done ({why})", flush=True)
         e.ref = None
 
-    def _stop_all(self, trainer: Any) -> None:
+    def _stop_all(self, trainers: list[Any]) -> None:
         """Ask the explorers to stop (they finish the batch in flight), then end every actor."""
         ray = self.ray
         live = [e for e in self.explorers.values() if e.ref is not None]
@@ -233,7 +250,7 @@ class Driver:
                 e.actor.stop.remote()
         with contextlib.suppress(Exception):
             ray.wait([e.ref for e in live], num_returns=len(live), timeout=30)
-        for actor in [trainer, self.writer, *(e.actor for e in self.explorers.values())]:
+        for actor in [*trainers, self.writer, *(e.actor for e in self.explorers.values())]:
             if actor is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
@@ -252,3 +269,15 @@ def _run_dir(cfg: RunConfig) -> Path:
     from trine.modes.processes import run_dir_of
 
     return run_dir_of(cfg).resolve()
+
+
+def _rank_env(rank: int, ranks: int, leader: dict[str, Any]) -> dict[str, str]:
+    """What torchrun would tell trainer rank ``rank`` of ``ranks``: Ray gives each actor its own GPU
+    (``CUDA_VISIBLE_DEVICES``), so every rank's local device is 0; rank 0's node hosts the rendezvous."""
+    return {
+        "WORLD_SIZE": str(ranks),
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": str(leader["ip"]),
+        "MASTER_PORT": str(leader["spare_port"]),
+    }

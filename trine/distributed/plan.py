@@ -44,18 +44,25 @@ class ResourcePlan:
     @classmethod
     def of(cls, cluster: ClusterConfig, explorers: int, sqlite: bool) -> ResourcePlan:
         c = cluster
-        roles = [Role("trainer", 1, c.trainer_cpus, c.trainer_gpus)]
+        roles = [Role("trainer", c.trainer_ranks, c.trainer_cpus, c.trainer_gpus)]
         if sqlite:
             roles.append(Role("buffer writer", 1, c.buffer_cpus, 0))
         roles.append(Role("explorer", explorers, c.explorer_cpus, c.explorer_gpus))
         return cls(tuple(roles), STRATEGIES[c.placement], sqlite)
 
+    @property
+    def trainer_ranks(self) -> int:
+        return next(r.count for r in self.roles if r.name == "trainer")
+
     def bundles(self) -> list[dict[str, float]]:
-        """Bundle 0: trainer (+ writer); then one bundle per explorer."""
+        """Bundle 0: trainer rank 0 (+ writer); then one per other trainer rank, then one per explorer
+        (explorer ``i`` in bundle ``trainer_ranks + i``)."""
         first = [r for r in self.roles if r.name != "explorer"]
+        trainer = first[0]
         explorer = next(r for r in self.roles if r.name == "explorer")
         head = _resources(sum(r.cpus for r in first), sum(r.gpus for r in first))
-        return [head] + [_resources(explorer.cpus, explorer.gpus) for _ in range(explorer.count)]
+        ranks = [_resources(trainer.cpus, trainer.gpus) for _ in range(trainer.count - 1)]
+        return [head, *ranks] + [_resources(explorer.cpus, explorer.gpus) for _ in range(explorer.count)]
 
     def totals(self) -> dict[str, float]:
         return {
@@ -80,7 +87,13 @@ class ResourcePlan:
         for i, bundle in enumerate(self.bundles()):
             for key, amount in bundle.items():
                 if amount > biggest[key] + 1e-9:
-                    who = "the trainer (with the buffer writer)" if i == 0 else "an explorer"
+                    who = (
+                        "the trainer (with the buffer writer)"
+                        if i == 0
+                        else "a trainer rank"
+                        if i < self.trainer_ranks
+                        else "an explorer"
+                    )
                     out.append(
                         f"{who} asks for {amount:g} {key}s in one bundle, but the largest node has "
                         f"{biggest[key]:g}; one actor cannot span nodes: ask for at most {biggest[key]:g}"
@@ -99,7 +112,9 @@ class ResourcePlan:
         rows = [("actor", "count", "CPUs each", "GPUs each", "node(s)")]
         for r in self.roles:
             if r.name == "explorer":
-                nodes = sorted({node_of_bundle.get(1 + i, "?") for i in range(r.count)})
+                nodes = sorted({node_of_bundle.get(self.trainer_ranks + i, "?") for i in range(r.count)})
+            elif r.name == "trainer":
+                nodes = sorted({node_of_bundle.get(i, "?") for i in range(r.count)})
             else:
                 nodes = [node_of_bundle.get(0, "?")]
             rows.append((r.name, str(r.count), f"{r.cpus:g}", f"{r.gpus:g}", ", ".join(nodes)))
