@@ -85,9 +85,10 @@ class ModelConfig(Section):
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory."""
     engine: str = "hf"
-    """Rollout engine: ``hf`` (batched sampling from the local HF model, CPU or GPU), ``openai`` (an
-    OpenAI-compatible server that returns token ids and logprobs: ``trine serve`` on the run directory, vLLM;
-    the tokenizer stays local) or ``package.module:Class`` (see ``trine.models.protocol``)."""
+    """Rollout engine: ``hf`` (batched sampling from the local HF model, CPU or GPU), ``vllm`` (vLLM in this
+    process on a GPU, ``model.vllm``; docs/vllm.md), ``openai`` (an OpenAI-compatible server that returns token
+    ids and logprobs: ``trine serve`` on the run directory, vLLM's server; the tokenizer stays local) or
+    ``package.module:Class`` (see ``trine.models.protocol``)."""
     base_url: str | None = None
     """``engine: openai``: the server's ``/v1`` URL, e.g. ``http://127.0.0.1:8000/v1``."""
     served_model: str | None = None
