@@ -362,9 +362,9 @@ def test_ppo_returns_are_the_outcome_reward_for_outcome_only_rollouts(tiny_model
     model = load_model(tiny_model_dir)
     algo = PRESETS["ppo"].with_overrides(advantage_args={"gamma": 1.0, "lam": 1.0, "whiten": False})
     trainer = Trainer(model, algo, pad_token_id=0, critic=Critic(ValueModel.from_policy(model), lr=1e-3))
-    from trine.trainer.trainer import _Sums
+    from trine.trainer.sums import StepSums
 
-    minis = trainer._prepare(experiences, _Sums())
+    minis = trainer._prepare(experiences, StepSums())
     for batch in (b for mbs, _ in minis for b in mbs):
         mask = batch.action_mask.bool()
         for row, exp_index in enumerate(batch.rows):

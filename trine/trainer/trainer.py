@@ -53,6 +53,7 @@ from trine.trainer.inputs import (
     token_inputs,
 )
 from trine.trainer.ranks import idle_batch, my_share, sum_across, sum_floats, world
+from trine.trainer.sums import StepSums
 from trine.types import Experience
 
 STANDARD_LOSS_INPUTS = ("logprobs", "old_logprobs", "advantages", "action_mask", "normalizer", "agg_mode")
@@ -191,7 +192,7 @@ class Trainer:
             return {"trainer/empty_batch": 1.0, **excluded}
         start = time.perf_counter()
         lr = self.optimizer.param_groups[0]["lr"]  # the LR this step trains with (before scheduler.step)
-        stats = _Sums()
+        stats = StepSums()
         if self.teacher is not None:
             self._score_with_teacher(experiences)
         if self.algorithm.pairwise:
@@ -239,7 +240,7 @@ class Trainer:
             e.info["teacher_logprobs"] = logprobs
 
     def _prepare(
-        self, exps: list[Experience], stats: _Sums
+        self, exps: list[Experience], stats: StepSums
     ) -> list[tuple[list[MicroBatch], dict[str, float]]]:
         """Mini-batches of collated micro-batches with every input their loss needs attached."""
         algo = self.algorithm
@@ -334,7 +335,7 @@ class Trainer:
             out[batch.rows, width - values.shape[1] :] = values
         return sum_across(out, self.device) if self.world > 1 else out
 
-    def _advantages(self, exps: list[Experience], step: dict[str, Tensor], stats: _Sums) -> Tensor | None:
+    def _advantages(self, exps: list[Experience], step: dict[str, Tensor], stats: StepSums) -> Tensor | None:
         algo = self.algorithm
         fn = self.advantage_fn
         if fn is None:
@@ -364,7 +365,7 @@ class Trainer:
         batches: list[MicroBatch],
         step: dict[str, Tensor],
         width: int,
-        stats: _Sums,
+        stats: StepSums,
     ) -> None:
         """KL as a reward penalty: ``r_t - β kl_t`` for token-level advantages, ``r - β Σ_t kl_t`` otherwise."""
         algo = self.algorithm
@@ -415,7 +416,7 @@ class Trainer:
         }
 
     # ------------------------------------------------------------------ updates
-    def _policy_update(self, batches: list[MicroBatch], norms: dict[str, float], stats: _Sums) -> None:
+    def _policy_update(self, batches: list[MicroBatch], norms: dict[str, float], stats: StepSums) -> None:
         self.model.train()
         total = 0.0
         for batch in batches:
@@ -455,7 +456,7 @@ class Trainer:
         (loss * self.world if self.world > 1 else loss).backward()  # FSDP2 averages the ranks: sum them
         return loss.detach(), stats
 
-    def _pair_updates(self, exps: list[Experience], stats: _Sums) -> None:
+    def _pair_updates(self, exps: list[Experience], stats: StepSums) -> None:
         """Preference pairs: rows sharing a ``group_id``, ``info["chosen"]`` True for the preferred one."""
         algo = self.algorithm
         pairs = _pairs(exps)
@@ -491,7 +492,7 @@ class Trainer:
                 stats.add_tokens(micro, batch if scale else idle_batch(batch))
             stats.add_step({"loss": total, "grad_norm": self._optimizer_step()})
 
-    def _adapt_kl(self, stats: _Sums, samples: int) -> None:
+    def _adapt_kl(self, stats: StepSums, samples: int) -> None:
         """Adaptive KL (``kl_target``): move the coefficient towards the target KL per token."""
         algo = self.algorithm
         if algo.kl_target is None or self.kl_coef <= 0:
@@ -561,52 +562,3 @@ def _chunks(order: list[int], budget: int, sizes: list[int]) -> list[list[int]]:
             current = []
         current.append(i)
     return out + ([current] if current else [])
-
-
-class _Sums:
-    """Accumulates metrics: token-weighted micro-batch stats, per-optimizer-step sums, once-per-step stats."""
-
-    def __init__(self) -> None:
-        self.weighted: dict[str, float] = {}
-        self.weight = 0.0
-        self.per_step: dict[str, float] = {}
-        self.steps: dict[str, int] = {}
-        self.once: dict[str, float] = {}
-        self.tokens = self.padded = 0
-
-    def add_tokens(self, stats: dict[str, float], batch: MicroBatch) -> None:
-        w = float(batch.action_mask.sum())
-        for k, v in stats.items():  # every key, even at weight 0: trainer ranks sum the same keys
-            self.weighted[k] = self.weighted.get(k, 0.0) + (v * w if w else 0.0)
-        self.weight += w
-        if w:  # an idle pass of a trainer rank trains nothing and counts no tokens
-            self.tokens += batch.num_tokens
-            self.padded += batch.padded_tokens
-
-    def add_step(self, stats: dict[str, float]) -> None:
-        for k, v in stats.items():
-            self.per_step[k] = self.per_step.get(k, 0.0) + v
-            self.steps[k] = self.steps.get(k, 0) + 1
-
-    def add_once(self, stats: dict[str, float]) -> None:
-        self.once.update(stats)
-
-    def reduce(self, device: torch.device) -> None:
-        """Sum what every trainer rank accumulated over its share of the step (same keys on every rank);
-        the gradient norm is already global (FSDP2's clipping sees every shard)."""
-        keys = sorted(self.weighted)
-        local = {**{f"w/{k}": self.weighted[k] for k in keys}, "weight": self.weight}
-        local.update(
-            tokens=float(self.tokens), padded=float(self.padded), loss=self.per_step.get("loss", 0.0)
-        )
-        total = sum_floats(local, device)
-        self.weighted = {k: total[f"w/{k}"] for k in keys}
-        self.weight, self.tokens, self.padded = total["weight"], int(total["tokens"]), int(total["padded"])
-        if "loss" in self.per_step:
-            self.per_step["loss"] = total["loss"]
-
-    def result(self, prefix: str) -> dict[str, float]:
-        out = {f"{prefix}{k}": v for k, v in self.once.items()}
-        out.update({f"{prefix}{k}": v / max(self.weight, 1.0) for k, v in self.weighted.items()})
-        out.update({f"{prefix}{k}": v / self.steps[k] for k, v in self.per_step.items()})
-        return out
