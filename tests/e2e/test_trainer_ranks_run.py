@@ -33,9 +33,16 @@ def _config(tmp_path, model_dir, name: str, **extra) -> str:
             "batch_size": 8,
             "total_steps": 4,
             "train": {"path": str(EXAMPLE / "data" / "train.jsonl")},
+            "eval": [
+                {
+                    "name": "addition",
+                    "path": str(EXAMPLE / "data" / "eval.jsonl"),
+                    "sampling": {"max_tokens": 4},
+                }
+            ],
         },
         "trainer": {"lr": 3e-3, "fsdp": True, "micro_batch_tokens": 64, "save_every": 2},
-        "eval": {"at_start": False},
+        "eval": {"at_start": False, "k": 2},  # at the end: every rank samples the same, over the shards
         "monitor": {"sinks": ["jsonl"], "plot": False},
         **extra,
     }
@@ -77,6 +84,8 @@ def test_two_ranks_train_like_one_process_and_resume(tmp_path, tiny_model_dir):
         assert {k: got[k] for k in KEYS} == pytest.approx({k: want[k] for k in KEYS}, rel=1e-4, abs=1e-6)
     follower = tmp_path / "ranked" / "ranks" / "1"
     assert [r["step"] for r in read_metrics(follower)] == [1, 2, 3, 4]  # its own records, apart
+    evals = [r["eval/addition/avg@2"] for r in (rows[-1], read_metrics(follower)[-1], reference[-1])]
+    assert evals[0] == evals[1] == evals[2]  # the ranks evaluated the same samples as one process
     assert json.loads((tmp_path / "ranked" / "status.json").read_text())["state"] == "finished"
     weights = load_model(tmp_path / "ranked" / "checkpoints" / "step_4").state_dict()
     single = load_model(tmp_path / "alone" / "checkpoints" / "step_4").state_dict()

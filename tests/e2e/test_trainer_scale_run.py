@@ -54,3 +54,32 @@ def test_lora_bf16_packed_run_learns_its_adapter_and_resumes(
     for a, b in zip(full, resumed, strict=True):  # the same run: same samples, same updates
         stable = [k for k, v in a.items() if not k.startswith(VOLATILE) and isinstance(v, (int, float))]
         assert {k: b[k] for k in stable} == pytest.approx({k: a[k] for k in stable}, rel=1e-4, abs=1e-6)
+
+
+def test_an_fsdp_policy_sampled_by_its_own_engine_trains_like_the_plain_one(
+    arithmetic_config, sft_start, tmp_path
+):
+    """Mode sync with the engine sampling the trainer's FSDP2-sharded policy (in a child process: the
+    one-process group lives as long as the process): the same samples and steps as without sharding."""
+    import subprocess
+    import sys
+
+    over = {
+        "model": {"path": str(sft_start)},
+        "algorithm": {"kl_coef": 0.05},
+        "tasks": {"total_steps": 3},
+        "trainer": {"lr": 5e-3, "precision": "bf16", "save_every": 2},
+    }
+    plain = arithmetic_config(over, name="plain")
+    sharded = arithmetic_config({**over, "trainer": {**over["trainer"], "fsdp": True}}, name="sharded")
+    for config in (plain, sharded):
+        subprocess.run(
+            [sys.executable, "-m", "trine.cli", "run", str(config)], check=True, capture_output=True
+        )
+    want, got = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "sharded")
+    assert [r["explorer/reward_mean"] for r in got] == [r["explorer/reward_mean"] for r in want]
+    assert any(r["trainer/grad_norm"] > 0 for r in got)
+    keys = ("trainer/loss", "trainer/grad_norm", "trainer/kl")
+    for a, b in zip(got, want, strict=True):
+        assert {k: a[k] for k in keys} == pytest.approx({k: b[k] for k in keys}, rel=1e-3, abs=1e-5)
+    assert (tmp_path / "sharded" / "checkpoints" / "step_3" / "config.json").is_file()

@@ -190,8 +190,11 @@ class HFEngine:
         if self.partial_rollout:
             with self._between_lock:
                 self._decoding = True
+        # FSDP2's gathered parameters must not become inference tensors (the next training step reuses
+        # their buffers): a sharded policy samples under no_grad
+        sharded = any(hasattr(p, "full_tensor") for p in self.model.parameters())
         try:
-            with torch.inference_mode():
+            with torch.no_grad() if sharded else torch.inference_mode():
                 flat = self._sample(reqs)
         finally:
             self.model.train(was_training)
