@@ -221,8 +221,10 @@ class TrainerConfig(Section):
     scores a batch."""
     packed: bool = False
     """Pack each micro-batch's sequences into one row without padding (position ids restart per sequence;
-    attention stays within each sequence): no compute on pad tokens. Needs transformers with packed-sequence
-    masks (>= 4.54)."""
+    attention stays within each sequence): no compute on pad tokens. Pays off with
+    ``attn_implementation: flash_attention_2`` (varlen kernels); under sdpa / eager the packed row's
+    block-diagonal mask makes attention quadratic in the whole micro-batch (``benchmarks/gpu_trainer.py``).
+    Needs transformers with packed-sequence masks (>= 4.54)."""
     batch_size: Count | None = None
     """Experiences the trainer takes from the buffer per step. None: one explored batch, whole (what
     sync mode trains on: ``tasks.batch_size`` tasks × ``repeat``, fewer if tasks were skipped or
