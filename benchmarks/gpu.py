@@ -21,7 +21,7 @@ import torch
 from common import markdown_table, report, tiny_model
 
 
-def build_model():
+def build_model(dtype: torch.dtype = torch.bfloat16):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -37,7 +37,7 @@ def build_model():
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
+    model = Qwen2ForCausalLM(config).to(device="cuda", dtype=dtype)
     return model
 
 

@@ -33,26 +33,12 @@ SETTINGS = {
 
 
 def build_model(on_gpu: bool):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """The Qwen2-0.5B-shaped model of ``gpu.py`` in float32 (master weights) on a GPU, else tiny-5m."""
+    from gpu import build_model as qwen_shaped
 
     from trine.models import load_model
 
-    if not on_gpu:
-        return load_model(tiny_model("tiny-5m"))
-    config = Qwen2Config(
-        hidden_size=896,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        intermediate_size=4864,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).to(device="cuda", dtype=torch.float32)
+    return qwen_shaped(torch.float32) if on_gpu else load_model(tiny_model("tiny-5m"))
 
 
 def batch(vocab: int, rows: int, rng: random.Random):
