@@ -25,6 +25,18 @@ def _buffer_commands() -> typer.Typer:
     return buffer_app
 
 
+def _studio_command() -> Callable[..., None]:
+    from trine.cli_studio import studio
+
+    return studio
+
+
+def _annotate_commands() -> typer.Typer:
+    from trine.cli_annotate import annotate_app
+
+    return annotate_app
+
+
 def _tasks_commands() -> typer.Typer:
     from trine.cli_tasks import tasks_app
 
@@ -373,6 +385,8 @@ def _pct(value: float | None) -> str:
 
 app.add_typer(_buffer_commands(), name="buffer")
 app.add_typer(_tasks_commands(), name="tasks")
+app.add_typer(_annotate_commands(), name="annotate")
+app.command("studio")(_studio_command())
 
 
 def main() -> None:  # pragma: no cover

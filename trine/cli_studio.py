@@ -1,0 +1,62 @@
+"""``trine studio``: the web app over a runs directory (the ``studio`` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+PLUGIN_HELP = "Python file(s) to load first; their @trine.register(...) plugins become valid names."
+
+
+def studio(
+    runs: Path = typer.Option(Path("runs"), "--runs", help="The directory whose subdirectories are runs."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8765, "--port", help="Port to listen on."),
+    token: str = typer.Option(
+        None, "--token", envvar="TRINE_STUDIO_TOKEN",
+        help="Access token (made and printed when --host is not loopback and none is given).",
+    ),
+    annotator: list[str] = typer.Option(
+        [], "--annotator", help="An annotator's name; a token is made and printed for each (repeatable)."
+    ),
+    config: list[Path] = typer.Option([], "--config", help="Config file(s) offered as templates in the editor."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Watch runs (live curves, status, eval tables), browse their experiences, edit and start configs,
+    and answer annotation queues, in the browser."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        typer.secho(f"trine studio needs the studio extra ({err}): pip install -e '.[studio]'", fg="red", err=True)
+        raise typer.Exit(2) from None
+    from trine.registry import load_plugin
+    from trine.studio.app import StudioSettings, new_token
+    from trine.studio.server import ensure_token, serve
+
+    problems = [f"--config {p}: no such file" for p in config if not p.is_file()]
+    problems += [f"--plugin {p}: no such file" for p in plugin if not p.is_file()]
+    names = [a.strip() for a in annotator]
+    problems += [f"--annotator {a!r}: expected a non-empty name" for a in names if not a]
+    problems += [f"--annotator {a!r} is given twice" for a in sorted(set(names)) if names.count(a) > 1]
+    if problems:
+        typer.secho("\n".join(problems), fg="red", err=True)
+        raise typer.Exit(2)
+    for p in plugin:
+        load_plugin(p)
+    runs.mkdir(parents=True, exist_ok=True)
+    settings = StudioSettings(
+        runs_dir=runs.resolve(),
+        token=token,
+        annotators={new_token(): name for name in names},
+        config_files=[p.resolve() for p in config],
+        plugins=[p.resolve() for p in plugin],
+    )
+    ensure_token(settings, host)
+    shown = "localhost" if host in ("127.0.0.1", "::1") else host
+    query = f"/?token={settings.token}" if settings.token else "/"
+    typer.echo(f"Trine Studio on http://{shown}:{port}{query}  (runs: {settings.runs_dir})")
+    for tok, name in settings.annotators.items():
+        typer.echo(f"  annotator {name}: token {tok}")
+    serve(settings, host=host, port=port)

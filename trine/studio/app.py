@@ -1,0 +1,116 @@
+"""The studio's FastAPI app: settings, access control and the pages' routers.
+
+Access: on loopback with no token, anyone on this machine may use the studio (as with a notebook
+server). With a token (``--token``, required and generated when bound to anything but loopback), every
+``/api`` request needs it, as ``Authorization: Bearer <token>`` or the cookie that opening
+``/?token=<token>`` sets. An annotator's own token (``--annotator NAME``) opens only the annotation
+endpoints, as ``X-Annotator-Token``. Requests that change something must be JSON and, when the browser
+sends an ``Origin``, come from the studio's own origin: another web site open in the same browser cannot
+post to the studio (no cross-site request forgery).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+STATIC = Path(__file__).parent / "static"
+COOKIE = "trine_studio_token"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class StudioSettings:
+    """What ``trine studio`` was started with (nothing here comes from the browser)."""
+
+    runs_dir: Path
+    """The directory whose subdirectories are runs; names from the browser never leave it."""
+    token: str | None = None
+    """Required on every ``/api`` request when set."""
+    annotators: dict[str, str] = field(default_factory=dict)
+    """Annotator token -> annotator name."""
+    root: Path = field(default_factory=Path.cwd)
+    """Where relative paths in a config edited in the studio resolve, and where started runs run."""
+    config_files: list[Path] = field(default_factory=list)
+    """Config files named on the command line, offered as templates in the config editor."""
+    plugins: list[Path] = field(default_factory=list)
+    """Plugin files loaded at start (from the command line; the browser never names one)."""
+
+    def annotator(self, token: str | None) -> str | None:
+        """The annotator whose token this is (constant-time compare), else None."""
+        if not token:
+            return None
+        for known, name in self.annotators.items():
+            if hmac.compare_digest(known, token):
+                return name
+        return None
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(18)
+
+
+def studio(request: Request) -> StudioSettings:
+    """The settings of the app serving ``request`` (a FastAPI dependency)."""
+    return request.app.state.studio
+
+
+def _is_annotator_path(path: str) -> bool:
+    return path == "/api/annotator" or ("/annotations/" in path and path.rsplit("/", 1)[-1] in ("claim", "answer"))
+
+
+def _denied(request: Request, settings: StudioSettings) -> JSONResponse | None:
+    """Why ``request`` may not go on (a response to send instead), or None."""
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        origin = request.headers.get("origin")
+        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+            return JSONResponse({"detail": f"cross-origin request from {origin} refused"}, 403)
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return JSONResponse({"detail": "send JSON (Content-Type: application/json)"}, 415)
+    if settings.token is None or not request.url.path.startswith("/api/"):
+        return None
+    given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    given = given or request.cookies.get(COOKIE, "")
+    if given and hmac.compare_digest(given, settings.token):
+        return None
+    if _is_annotator_path(request.url.path) and settings.annotator(request.headers.get("x-annotator-token")):
+        return None
+    return JSONResponse(
+        {"detail": "this studio needs its token: open the address `trine studio` printed (…/?token=…), "
+         "or send Authorization: Bearer <token>"},
+        401,
+    )
+
+
+def create_app(settings: StudioSettings) -> FastAPI:
+    """The studio app over ``settings.runs_dir``."""
+    from trine.studio import annotations, configs, experiences, runs
+
+    app = FastAPI(title="Trine Studio", docs_url="/api/docs", openapi_url="/api/openapi.json")
+    app.state.studio = settings
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        denied = _denied(request, settings)
+        return denied if denied is not None else await call_next(request)
+
+    for module in (runs, experiences, configs, annotations):
+        app.include_router(module.router, prefix="/api")
+
+    @app.get("/", include_in_schema=False)
+    def index(token: str | None = None):
+        if token is not None and settings.token is not None and hmac.compare_digest(token, settings.token):
+            response = RedirectResponse("/", 303)
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+            return response
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
