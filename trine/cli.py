@@ -235,9 +235,14 @@ def _guarded(fn: Callable[[], Any]) -> Any:
     failure exits 1, and threads left behind never keep the process alive."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from trine.blocking import exit_guard
+    from trine.status import Terminated, clear_stop, on_stop_signal
 
     code = 1  # failed: the error propagates (traceback, status.json "failed")
-    previous = signal.signal(signal.SIGTERM, _terminate)  # a scheduler's stop ends like Ctrl-C
+    clear_stop()
+    previous = {
+        sig: signal.signal(sig, on_stop_signal)  # a scheduler's stop ends like Ctrl-C; neither is lost
+        for sig in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         result = fn()
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0
@@ -247,19 +252,12 @@ def _guarded(fn: Callable[[], Any]) -> Any:
         typer.secho(f"{how}: stopped (run the same command again to resume)", err=True)
         raise typer.Exit(code) from None
     finally:  # threads a plugin or a hung call left behind must not keep the process alive
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         exit_guard(code)
     if code:
         raise typer.Exit(code)
     return result
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM during ``trine run``: handled like Ctrl-C (status ``stopped``, resumable), exit code 143."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise Terminated()
 
 
 @app.command("init-model")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -14,13 +17,20 @@ def studio(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8765, "--port", help="Port to listen on."),
     token: str = typer.Option(
-        None, "--token", envvar="TRINE_STUDIO_TOKEN",
+        None,
+        "--token",
+        envvar="TRINE_STUDIO_TOKEN",
         help="Access token (made and printed when --host is not loopback and none is given).",
     ),
     annotator: list[str] = typer.Option(
-        [], "--annotator", help="An annotator's name; a token is made and printed for each (repeatable)."
+        [],
+        "--annotator",
+        help="An annotator's name (repeatable): each gets a token, printed, and kept in RUNS/.studio/annotators.json "
+        "so that it stays the same when the studio restarts.",
     ),
-    config: list[Path] = typer.Option([], "--config", help="Config file(s) offered as templates in the editor."),
+    config: list[Path] = typer.Option(
+        [], "--config", help="Config file(s) offered as templates in the editor."
+    ),
     plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Watch runs (live curves, status, eval tables), browse their experiences, edit and start configs,
@@ -29,7 +39,9 @@ def studio(
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as err:
-        typer.secho(f"trine studio needs the studio extra ({err}): pip install -e '.[studio]'", fg="red", err=True)
+        typer.secho(
+            f"trine studio needs the studio extra ({err}): pip install -e '.[studio]'", fg="red", err=True
+        )
         raise typer.Exit(2) from None
     from trine.registry import load_plugin
     from trine.studio.app import StudioSettings, new_token
@@ -49,7 +61,7 @@ def studio(
     settings = StudioSettings(
         runs_dir=runs.resolve(),
         token=token,
-        annotators={new_token(): name for name in names},
+        annotators=annotator_tokens(runs, names, new_token),
         config_files=[p.resolve() for p in config],
         plugins=[p.resolve() for p in plugin],
     )
@@ -60,3 +72,19 @@ def studio(
     for tok, name in settings.annotators.items():
         typer.echo(f"  annotator {name}: token {tok}")
     serve(settings, host=host, port=port)
+
+
+def annotator_tokens(runs: Path, names: list[str], make: Callable[[], str]) -> dict[str, str]:
+    """Token -> name for ``names``: the token kept for a name in ``runs/.studio/annotators.json``, else a
+    new one (``make()``), saved there (readable by its owner only)."""
+    path = runs / ".studio" / "annotators.json"
+    kept: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
+    for name in names:
+        kept.setdefault(name, make())
+    if names:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.touch(mode=0o600)
+        tmp.write_text(json.dumps(kept, indent=1))
+        os.replace(tmp, path)
+    return {kept[name]: name for name in names}

@@ -16,6 +16,7 @@ from trine import build, modes, preflight
 from trine.config import RunConfig
 from trine.roles import Stage
 from trine.rundir import RunDir
+from trine.status import check_stop
 from trine.trainer.ranks import rank_stages
 
 
@@ -42,10 +43,11 @@ def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[
                 _run_stage(stage, index, rd)
             finally:
                 stage.close()
+            check_stop()  # a stop signal something swallowed still stops the run (and says so)
             limit = cfg.stop_after_steps
             if stage.step < stage.total_steps or (limit and rd.step >= limit and index < len(stages) - 1):
                 return rd.finish("stopped")  # run again to continue
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM under `trine run` (cli.Terminated)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM under `trine run` (status.Terminated)
         rd.interrupted(type(err).__name__)
         raise
     except BaseException as err:
@@ -72,8 +74,11 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
         now = time.perf_counter()
         metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
         record["seconds"] += now - tick
+        if getattr(st.source, "ended", None):  # a buffer source ran dry (tasks.source: buffer)
+            record["ended"] = st.source.ended
         rd.monitor.log(metrics, rd.step)
         rd.beat()
+        check_stop()  # before the checkpoint: a stopped run resumes from the one before
         if last or stop or (cfg.trainer.save_every and st.step % cfg.trainer.save_every == 0):
             rd.save(st, index, done=last)
         if stop and not last:

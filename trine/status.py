@@ -113,3 +113,35 @@ def describe(status: dict[str, Any], stale_after: float = STALE_SECONDS) -> tupl
     if age > stale_after:
         return "dead", f"last heartbeat {age:.0f}s ago (stale after {stale_after:.0f}s)"
     return "running", f"pid {pid} on {host}, heartbeat {age:.0f}s ago"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a command (``trine run``): handled like Ctrl-C (status ``stopped``, resumable),
+    exit code 143."""
+
+
+_stop: list[type[KeyboardInterrupt]] = []  # the stop signals received, in order
+
+
+def on_stop_signal(signum: int, frame: Any) -> None:
+    """Signal handler for SIGINT (``KeyboardInterrupt``) and SIGTERM (:class:`Terminated`): records the
+    stop and raises it at once. An exception raised from a signal handler lands wherever the main
+    thread is; if that place swallows it (a ``__del__``, a library's broad ``except``), the record
+    stays, and :func:`check_stop` raises it again at the run's next step boundary."""
+    import signal
+
+    kind = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+    _stop.append(kind)
+    raise kind()
+
+
+def check_stop() -> None:
+    """Raise the first stop signal received, if any (called between steps and before a run records
+    how it ended)."""
+    if _stop:
+        raise _stop[0]()
+
+
+def clear_stop() -> None:
+    """Forget received stop signals (a command starting)."""
+    _stop.clear()
