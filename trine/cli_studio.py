@@ -66,6 +66,9 @@ def studio(
         plugins=[p.resolve() for p in plugin],
     )
     ensure_token(settings, host)
+    from trine.studio.configs import warm
+
+    warm()  # imports what validation needs now, not at the editor's first keystroke
     shown = "localhost" if host in ("127.0.0.1", "::1") else host
     query = f"/?token={settings.token}" if settings.token else "/"
     typer.echo(f"Trine Studio on http://{shown}:{port}{query}  (runs: {settings.runs_dir})")

@@ -8,11 +8,15 @@ lazily, so that importing it is free. Anything that is not a built-in is given a
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +39,42 @@ BUILTINS: dict[str, str] = {
 
 _extra: dict[str, dict[str, Any]] = {}
 
+NO_IMPORTS_ENV = "TRINE_NO_IMPORTS"
+"""Environment variable: when set (to a reason), import paths are refused in this process as under
+:func:`no_imports` (the studio sets it for the runs it starts)."""
+_no_imports: ContextVar[str | None] = ContextVar("trine_no_imports", default=None)
+
+
+@contextlib.contextmanager
+def no_imports(reason: str) -> Iterator[None]:
+    """Within this block, :func:`resolve` and :func:`import_object` refuse import paths
+    (``"package.module:attr"``) with a ValueError instead of importing them: only built-in and
+    plugin-registered names are valid. ``reason`` says where the config came from ("the studio: ...")."""
+    token = _no_imports.set(reason)
+    try:
+        yield
+    finally:
+        _no_imports.reset(token)
+
+
+def imports_refused() -> str | None:
+    """Why import paths are refused here (:func:`no_imports` or ``$TRINE_NO_IMPORTS``), else None."""
+    return _no_imports.get() or os.environ.get(NO_IMPORTS_ENV) or None
+
+
+def _refusal(what: str, reason: str, valid: list[str] | None = None) -> str:
+    names = f" Valid names: {', '.join(sorted(valid))}." if valid is not None else ""
+    return (
+        f"{what} is an import path, and import paths are not loaded from {reason}; or use a built-in name "
+        f"or one registered with @trine.register in a --plugin file loaded beforehand.{names}"
+    )
+
 
 def builtins(kind: str) -> dict[str, Any]:
     """The built-ins of ``kind`` plus anything registered by plugins."""
     if kind not in BUILTINS:
         raise KeyError(f"unknown plugin kind {kind!r}; expected one of {sorted(BUILTINS)}")
-    found = dict(import_object(BUILTINS[kind]))
+    found = dict(_import(BUILTINS[kind]))
     found.update(_extra.get(kind, {}))
     return found
 
@@ -57,7 +91,14 @@ def register(kind: str, name: str):
 
 
 def import_object(spec: str) -> Any:
-    """Import ``"package.module:attr"`` (``attr`` may be dotted)."""
+    """Import ``"package.module:attr"`` (``attr`` may be dotted); a ValueError under :func:`no_imports`."""
+    reason = imports_refused()
+    if reason:
+        raise ValueError(_refusal(repr(spec), reason))
+    return _import(spec)
+
+
+def _import(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"{spec!r} is not an import path; expected 'package.module:attr'.")
@@ -73,6 +114,9 @@ def resolve(kind: str, name: str) -> Any:
     if name in table:
         return table[name]
     if ":" in name:
+        reason = imports_refused()
+        if reason:
+            raise ValueError(_refusal(f"{kind} {name!r}", reason, list(table)))
         try:
             return import_object(name)
         except (ImportError, AttributeError, ValueError) as err:
