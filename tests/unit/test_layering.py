@@ -47,16 +47,21 @@ BASE = {
     "blocking",
     "status",
     "tools",
+    "feedback",
 }
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
 ENTRY_POINTS = {
-    "trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "check", "serve", "studio", "distributed",
+    "trine", "loop", "modes", "cli", "cli_buffer", "cli_tasks", "cli_annotate", "cli_studio", "check", "serve",
+    "studio", "distributed",
 }  # fmt: skip
 WIRING = ENTRY_POINTS | {
     "roles", "streaming", "build", "rundir", "refill", "preflight", "status_report", "check_probes", "ranked",
 }  # fmt: skip
 
 RAY_OWNER = "distributed"
+# Packages of an optional extra that are themselves imported only inside functions (the `studio` command):
+# their modules may import that extra's libraries at top level (FastAPI routers are declared there).
+LAZY_PACKAGES = {"studio": {"fastapi", "uvicorn", "starlette"}}
 # Optional extras and libraries too slow for `trine --help`: imported inside functions only.
 LAZY_ONLY = {
     "ray", "vllm", "wandb", "mlflow", "peft", "fastapi", "uvicorn", "mcp", "data_juicer", "openai",
@@ -138,13 +143,16 @@ def problems(imp: Import) -> list[str]:
     where = f"{imp.module}:{imp.line} imports {imp.target}"
     library = imp.target.split(".")[0]
     out: list[str] = []
-    if library in LAZY_ONLY and imp.top_level:
+    own_extra = LAZY_PACKAGES.get(group(imp.module), set())
+    if library in LAZY_ONLY and imp.top_level and library not in own_extra:
         out.append(f"{where} at module top level; import {library} inside the function that needs it")
     if library == "ray" and group(imp.module) != RAY_OWNER:
         out.append(f"{where}; only trine/{RAY_OWNER}/ may import ray (put the Ray adapter there)")
     if library != "trine":
         return out
     src, dst = group(imp.module), group(imp.target)
+    if dst in LAZY_PACKAGES and src != dst and imp.top_level:
+        out.append(f"{where} at module top level; trine.{dst} needs an extra: import it inside the function")
     for name in (src, dst):
         if name not in STAGES | BASE | set(LIBRARIES) | WIRING:
             out.append(

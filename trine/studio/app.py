@@ -6,7 +6,9 @@ server). With a token (``--token``, required and generated when bound to anythin
 ``/?token=<token>`` sets. An annotator's own token (``--annotator NAME``) opens only the annotation
 endpoints, as ``X-Annotator-Token``. Requests that change something must be JSON and, when the browser
 sends an ``Origin``, come from the studio's own origin: another web site open in the same browser cannot
-post to the studio (no cross-site request forgery).
+post to the studio (no cross-site request forgery). Without a token, a request must name a loopback
+host (``Host: 127.0.0.1:PORT`` or ``localhost``): a web site whose name is made to resolve to 127.0.0.1
+(DNS rebinding) is then another origin the browser keeps out, not a page that reads the studio.
 """
 
 from __future__ import annotations
@@ -48,9 +50,14 @@ class StudioSettings:
         if not token:
             return None
         for known, name in self.annotators.items():
-            if hmac.compare_digest(known, token):
+            if same_token(known, token):
                 return name
         return None
+
+
+def same_token(given: str, known: str) -> bool:
+    """Constant-time comparison of two tokens (as UTF-8 bytes: a non-ASCII guess is just wrong)."""
+    return hmac.compare_digest(given.encode(), known.encode())
 
 
 def new_token() -> str:
@@ -63,11 +70,28 @@ def studio(request: Request) -> StudioSettings:
 
 
 def _is_annotator_path(path: str) -> bool:
-    return path == "/api/annotator" or ("/annotations/" in path and path.rsplit("/", 1)[-1] in ("claim", "answer"))
+    return path == "/api/annotator" or (
+        "/annotations/" in path and path.rsplit("/", 1)[-1] in ("claim", "answer")
+    )
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether the ``Host`` header ``host`` names this machine's loopback (any port)."""
+    name = urlsplit(f"//{host}").hostname or ""
+    return name in LOOPBACK or name.startswith("127.")
 
 
 def _denied(request: Request, settings: StudioSettings) -> JSONResponse | None:
     """Why ``request`` may not go on (a response to send instead), or None."""
+    host = request.headers.get("host", "")
+    if settings.token is None and not _loopback_host(host):
+        return JSONResponse(
+            {
+                "detail": f"Host {host!r} refused: a studio without a token answers only to loopback names "
+                "(open http://127.0.0.1:PORT or http://localhost:PORT), or start it with --token"
+            },
+            403,
+        )
     if request.method not in ("GET", "HEAD", "OPTIONS"):
         origin = request.headers.get("origin")
         if origin and urlsplit(origin).netloc != request.headers.get("host"):
@@ -78,13 +102,15 @@ def _denied(request: Request, settings: StudioSettings) -> JSONResponse | None:
         return None
     given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
     given = given or request.cookies.get(COOKIE, "")
-    if given and hmac.compare_digest(given, settings.token):
+    if given and same_token(given, settings.token):
         return None
     if _is_annotator_path(request.url.path) and settings.annotator(request.headers.get("x-annotator-token")):
         return None
     return JSONResponse(
-        {"detail": "this studio needs its token: open the address `trine studio` printed (…/?token=…), "
-         "or send Authorization: Bearer <token>"},
+        {
+            "detail": "this studio needs its token: open the address `trine studio` printed (…/?token=…), "
+            "or send Authorization: Bearer <token>"
+        },
         401,
     )
 
@@ -103,10 +129,11 @@ def create_app(settings: StudioSettings) -> FastAPI:
 
     for module in (runs, experiences, configs, annotations):
         app.include_router(module.router, prefix="/api")
+    annotations.install(app)  # lands answered annotations in the background while the app serves
 
     @app.get("/", include_in_schema=False)
     def index(token: str | None = None):
-        if token is not None and settings.token is not None and hmac.compare_digest(token, settings.token):
+        if token is not None and settings.token is not None and same_token(token, settings.token):
             response = RedirectResponse("/", 303)
             response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
             return response
