@@ -72,6 +72,10 @@ from trine.types import Experience
 
 PENDING, READY, DROPPED, ROLLED_BACK = "pending", "ready", "dropped", "rolled_back"
 
+BROWSE_COLUMNS = ("policy_version", "reward", "kind", "reward_status", "consumed_at", "task_id")
+"""The columns of the ``browse`` index: the plain columns the studio's experience filters read (not
+``expired_at``, which an older table may lack until it is opened: only the few dropped rows need it)."""
+
 _INT32, _FLOAT32 = "i", "f"
 assert array(_INT32).itemsize == 4 and array(_FLOAT32).itemsize == 4
 
@@ -107,7 +111,7 @@ def build_table(metadata: Any, name: str) -> Any:
     import sqlalchemy as sa
 
     seq_type = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # INTEGER PRIMARY KEY = rowid
-    return sa.Table(
+    table = sa.Table(
         name,
         metadata,
         sa.Column("seq", seq_type, primary_key=True, autoincrement=True),
@@ -141,7 +145,17 @@ def build_table(metadata: Any, name: str) -> Any:
         sa.Index(f"ix_{name}_task_run", "task_id", "run_id"),
         sa.Index(f"ix_{name}_group", "group_id"),
         sa.Index(f"ix_{name}_last_get", "last_get"),
+        # the studio's experience browser (trine.studio.experience_sql): its filters and counts read
+        # this narrow covering index instead of the wide rows (100k rows: ~5 ms instead of ~200 ms)
+        sa.Index(f"ix_{name}_browse", *BROWSE_COLUMNS),
     )
+    # ... and its info["batch"] / info["finish_reason"] filters these, which also cover the browse
+    # columns, so any mix of filters is answered from one index (SQLite only: there CAST never fails,
+    # while on PostgreSQL a non-integer "batch" would make the put fail)
+    batch, finish = table.c.info["batch"].as_integer(), table.c.info["finish_reason"].as_string()
+    sa.Index(f"ix_{name}_batch", batch, finish, *BROWSE_COLUMNS).ddl_if(dialect="sqlite")
+    sa.Index(f"ix_{name}_finish", finish, batch, *BROWSE_COLUMNS).ddl_if(dialect="sqlite")
+    return table
 
 
 def build_batches_table(metadata: Any, name: str) -> Any:

@@ -248,14 +248,19 @@ def readonly_engine(url: str) -> Any:
         return sa.create_engine(parsed, connect_args={"options": "-c default_transaction_read_only=on"})
     if parsed.get_backend_name() != "sqlite":
         return sa.create_engine(parsed)
-    path = Path(parsed.database or "")
-    flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
-    uri = f"file:{quote(str(path.absolute()))}?{flag}"
+    path = Path(parsed.database or "").absolute()
 
-    def connect() -> sqlite3.Connection:
-        return sqlite3.connect(uri, uri=True, timeout=10.0, check_same_thread=False)
+    def connect() -> sqlite3.Connection:  # decided per connection: a finished run may be resumed later
+        flag = "mode=ro" if Path(f"{path}-wal").exists() else "immutable=1"
+        connection = sqlite3.connect(
+            f"file:{quote(str(path))}?{flag}", uri=True, timeout=10.0, check_same_thread=False
+        )
+        connection.execute("PRAGMA busy_timeout=10000")
+        return connection
 
-    return sa.create_engine("sqlite://", creator=connect)
+    # no pool: each use opens a fresh connection (about a millisecond), so a cached engine never reads
+    # an "immutable" file that a resumed run has started writing again
+    return sa.create_engine("sqlite://", creator=connect, poolclass=sa.pool.NullPool)
 
 
 def sql_counts(url: str, table_name: str) -> dict[str, int] | None:
