@@ -16,7 +16,16 @@ from pydantic import BaseModel
 
 from trine import registry
 from trine.config import VLLM_ENGINES, ExplorerConfig, RunConfig, TasksetConfig, TrainerConfig, VLLMConfig
-from trine.roles import Evaluator, ExpertRows, ExplorerSide, Shaping, Stage, SupervisedSource, TrainerSide
+from trine.roles import (
+    BufferSource,
+    Evaluator,
+    ExpertRows,
+    ExplorerSide,
+    Shaping,
+    Stage,
+    SupervisedSource,
+    TrainerSide,
+)
 
 log = logging.getLogger("trine")
 
@@ -134,7 +143,9 @@ def build_stage(
     if source is not None:
         return build_trainer_stage(cfg, model, tokenizer, source)
     algorithm = build_algorithm(cfg)
-    scheduler = _scheduler(cfg, algorithm)
+    if cfg.tasks.source == "buffer":
+        return _buffer_stage(cfg, algorithm, model, tokenizer, run_dir)
+    scheduler = _scheduler(cfg, algorithm, run_dir)
     total = cfg.tasks.total_steps or scheduler.total_batches(cfg.tasks.batch_size)
     trainer = _trainer(cfg, algorithm, model, tokenizer, total)
     stage = Stage(cfg=cfg, trainer=TrainerSide(trainer, None, None), total_steps=total)
@@ -161,7 +172,7 @@ def build_explorer_process(
     from trine.tasks.partition import PartitionedScheduler
 
     algorithm = build_algorithm(cfg)
-    scheduler = PartitionedScheduler(_scheduler(cfg, algorithm), index, count)
+    scheduler = PartitionedScheduler(_scheduler(cfg, algorithm, run_dir), index, count)
     engine = _engine(cfg, model, tokenizer)
     rollouts = run_dir / "explorers" / str(index) / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
     sync = process_sync(cfg, run_dir, f"explorer-{index}")
@@ -210,16 +221,57 @@ def build_server(
     return engine, store, PublishedWeights(run_dir / "weights", keep=cfg.sync.keep)
 
 
-def _scheduler(cfg: RunConfig, algorithm: Any) -> Any:
-    train_set = build_taskset(cfg.tasks.train, extra_workflow_args=algorithm.rollout_args)
+def _scheduler(cfg: RunConfig, algorithm: Any, run_dir: Path | None = None) -> Any:
+    """The explored tasksets' scheduler; ``run_dir`` reaches the workflows that declare a ``run_dir``
+    parameter (:func:`_run_dir_args`)."""
+
+    def extra(ts: TasksetConfig) -> dict[str, Any]:
+        return {**algorithm.rollout_args, **_run_dir_args(ts, run_dir)}
+
+    train_set = build_taskset(cfg.tasks.train, extra_workflow_args=extra(cfg.tasks.train))
     if train_set.skipped_rows:
         log.warning(
             "taskset %s: skipped %d bad row(s) (tasks.train.on_bad_row=skip)",
             train_set.name,
             train_set.skipped_rows,
         )
-    mixed = [build_taskset(m, extra_workflow_args=algorithm.rollout_args) for m in cfg.tasks.mix]
+    mixed = [build_taskset(m, extra_workflow_args=extra(m)) for m in cfg.tasks.mix]
     return build_task_scheduler(cfg, [train_set, *mixed])
+
+
+def _run_dir_args(ts: TasksetConfig, run_dir: Path | None) -> dict[str, Any]:
+    """``{"run_dir": <absolute run directory>}`` when the taskset's workflow class declares a ``run_dir``
+    parameter (``human_feedback``: its annotation queue's default home), else ``{}``."""
+    if run_dir is None:
+        return {}
+    try:
+        params = inspect.signature(registry.resolve("workflow", ts.workflow)).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"run_dir": str(Path(run_dir).absolute())} if "run_dir" in params else {}
+
+
+def _buffer_stage(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, run_dir: Path) -> Stage:
+    """``mode: train`` with ``tasks.source: buffer``: the trainer on the rows of the configured buffer
+    (:class:`~trine.roles.BufferSource`), ``tasks.batch_size`` rows (pairs for a pairwise algorithm, given
+    out whole: ``whole_groups``) per step, plus evaluation."""
+    from trine.buffer import open_buffer
+    from trine.buffer.open import SQL_STORAGES
+
+    total = cfg.tasks.total_steps
+    assert total is not None  # checked by the config (tasks.source: buffer needs total_steps)
+    section = cfg.buffer.model_copy(update={"whole_groups": True}) if algorithm.pairwise else cfg.buffer
+    extra = {"rewind": "reads"} if cfg.buffer.storage in SQL_STORAGES else {}  # rows put since stay
+    rows = cfg.tasks.batch_size * (2 if algorithm.pairwise else 1)
+    source = BufferSource(
+        open_buffer(section, run_dir, **extra), rows, cfg.buffer.get_timeout, algorithm.pairwise
+    )
+    trainer = _trainer(cfg, algorithm, model, tokenizer, total)
+    stage = Stage(cfg=cfg, trainer=TrainerSide(trainer, None, None), total_steps=total, source=source)
+    if cfg.tasks.eval:
+        stage.evaluator = build_evaluator(cfg, _explorer(cfg, _engine(cfg, model, tokenizer), None))
+        stage.trainer.on_worker = _worker_of(stage.evaluator.explorer.model, model)
+    return stage
 
 
 def _trainer_process(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> None:
@@ -287,7 +339,7 @@ def _trainer(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, total: 
         ref_model=ref_model,
         critic=critic,
         total_steps=total,
-        max_response_length=cfg.tasks.train.sampling.max_tokens,
+        max_response_length=cfg.tasks.train.sampling.max_tokens if cfg.tasks.train else None,
         seed=cfg.seed,
         teacher=_teacher(cfg) if "teacher_logprobs" in algorithm.loss_inputs else None,
         **section_kwargs(t, Trainer),

@@ -105,6 +105,10 @@ def run_checks(
         raise ValueError(f"turns={turns}, max_tokens={max_tokens}; both must be >= 1 (e.g. --turns 3).")
     if tolerance is not None and not tolerance > 0:
         raise ValueError(f"tolerance={tolerance}; expected a number > 0 (e.g. 1e-3).")
+    if cfg.tasks.train is None:  # tasks.source: buffer
+        raise ValueError(
+            "trine check samples tasks.train's first row; this stage trains on a buffer: check a config with one"
+        )
     from trine.build import load_policy
 
     started = time.perf_counter()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 
 annotate_app = typer.Typer(no_args_is_help=True, help="Post annotation items from a run's buffer.")
 
@@ -40,6 +41,7 @@ def land_run(run_dir: Path, stage: str | None = None, *, live: bool = False) -> 
     from trine.feedback.queue import AnnotationQueue, queue_url
 
     try:
+        stage = stage if stage is not None else exploring_stage(run_dir)
         sql = issubclass(storage_class(run_buffer_config(run_dir, stage)), SQLBuffer)
         if live and not sql:
             return {
@@ -65,6 +67,30 @@ def land_run(run_dir: Path, stage: str | None = None, *, live: bool = False) -> 
         if preferences is not None:
             preferences.close()
     return counts if note is None else {**counts, "note": note}
+
+
+def exploring_stage(run_dir: Path) -> str | None:
+    """The stage whose experiences people answer: the last stage that explores (``tasks.source`` not
+    ``buffer``) into a persistent buffer, preferring one that runs the ``human_feedback`` workflow; None
+    for a single-stage run (its only stage). A later DPO stage that trains on the ``preferences`` table
+    is never the one answers land in."""
+    from trine.buffer.inspect import run_stage_config
+
+    data = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    stages = data.get("stages") or []
+    exploring = [
+        s
+        for s in stages
+        if (s.get("tasks") or {}).get("source", "taskset") != "buffer"
+        and (s.get("buffer") or {}).get("storage", "memory") != "memory"
+    ]
+    human = [
+        s
+        for s in exploring
+        if ((s.get("tasks") or {}).get("train") or {}).get("workflow") == "human_feedback"
+    ]
+    chosen = (human or exploring)[-1:]
+    return chosen[0].get("stage") if chosen else (run_stage_config(run_dir).get("stage") if stages else None)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -151,8 +151,11 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
-        if self.tasks.train is None:
-            raise ValueError("tasks.train is required: the taskset to explore (or to train on in train mode)")
+        if self.tasks.train is None and self.tasks.source == "taskset":
+            raise ValueError(
+                "tasks.train is required: the taskset to explore (or to train on in train mode; or set "
+                "mode: train with tasks.source: buffer to train on the rows of a persistent buffer)"
+            )
         problems = mode_problems(self) + auxiliary_problems(self) + trainer_problems(self)
         if self.mode == "train" and (
             self.sync.sync_offset or self.sync.sync_interval != 1 or self.sync.method is not None

@@ -27,14 +27,14 @@ def argument_problems(tasks: TasksConfig, mode: str, algo: Any = None) -> list[s
     for key, ts, extra in tasksets:
         if extra:
             what = f"tasks.{key}.workflow_args with algorithm {algo.name!r}'s rollout arguments {extra}"
-            given = _given("workflow", ts.workflow, "auxiliary_models")
+            given = _workflow_given(ts.workflow)
             problems.append(
                 registry.check_arguments(
                     "workflow", ts.workflow, {**ts.workflow_args, **extra}, what, reward=None, **given
                 )
             )
             continue
-        workflow_given = _given("workflow", ts.workflow, "auxiliary_models")
+        workflow_given = _workflow_given(ts.workflow)
         reward_given = _given("reward", ts.reward, "models")
         problems += [
             registry.check_arguments(
@@ -44,12 +44,28 @@ def argument_problems(tasks: TasksConfig, mode: str, algo: Any = None) -> list[s
                 f"{key}.workflow_args",
                 reward=None,
                 **workflow_given,
-            ),
+            )
+            or _value_problems(ts.workflow, ts.workflow_args, f"{key}.workflow_args"),
             registry.check_arguments(
                 "reward", ts.reward, ts.reward_args, f"{key}.reward_args", "", None, **reward_given
             ),
         ]
     return [p for p in problems if p]
+
+
+def _workflow_given(name: str) -> dict[str, Any]:
+    """What the wiring passes a workflow besides its ``workflow_args``: ``auxiliary_models`` (the explorer)
+    and ``run_dir`` (:mod:`trine.build`, e.g. ``human_feedback``'s default queue), when it declares them."""
+    return {**_given("workflow", name, "auxiliary_models"), **_given("workflow", name, "run_dir")}
+
+
+def _value_problems(name: str, args: dict[str, Any], what: str) -> str | None:
+    """The workflow's own check of its argument values (a class's ``argument_problems(**args)``), if any."""
+    if registry.check("workflow", name) is not None:
+        return None
+    check = getattr(registry.resolve("workflow", name), "argument_problems", None)
+    problems = check(**args) if callable(check) else []
+    return f"{what}: " + "; ".join(problems) if problems else None
 
 
 def _given(kind: str, name: str, param: str) -> dict[str, Any]:
@@ -154,13 +170,99 @@ def mode_problems(cfg: RunConfig) -> list[str]:
             f"sync.sync_offset={cfg.sync.sync_offset} is for mode sync; in mode async the explorer runs "
             "freely, bounded by buffer.max_staleness: remove sync_offset"
         )
-    problems += _process_problems(cfg)
+    problems += _process_problems(cfg) + feedback_problems(cfg)
     if cfg.sync.method == "shared" and cfg.mode == "async":
         problems.append(
             "sync.method 'shared' with mode async: an explorer that runs ahead of the trainer cannot "
             "sample the weights the trainer is changing; set sync.method: copy (or leave it unset)"
         )
     return problems
+
+
+def source_problems(tasks: TasksConfig, mode: str) -> list[str]:
+    """``tasks.source: buffer`` (a trainer-only stage on the rows of a persistent buffer): mode train, a
+    step count, no taskset to train on."""
+    if tasks.source != "buffer":
+        return []
+    problems = []
+    if mode != "train":
+        problems.append(
+            f"tasks.source: buffer trains on the rows of a buffer with no explorer, which is mode train (mode is "
+            f"{mode!r}); set mode: train, or remove tasks.source to explore tasks.train"
+        )
+    if tasks.total_steps is None:
+        problems.append(
+            "tasks.source: buffer needs tasks.total_steps (the most steps; the stage ends earlier when no batch "
+            "arrives within buffer.get_timeout)"
+            + (f"; tasks.epochs={tasks.epochs} does not apply to a buffer: remove it" if tasks.epochs else "")
+        )
+    if tasks.train is not None:
+        problems.append(
+            "tasks.train is not read with tasks.source: buffer (the batches come from the buffer); remove it (a "
+            "stage that inherits it from the top level sets tasks.train: null)"
+        )
+    return problems
+
+
+def feedback_problems(cfg: RunConfig) -> list[str]:
+    """Where rewards or rows come from another process, the buffer must be one that process reaches: a
+    buffer source (``tasks.source: buffer``), and workflows whose rewards people give (``human_feedback``,
+    any class with ``rewards_from_outside = True``): a SQL buffer, items that expire before their rows."""
+    b = cfg.buffer
+    problems = []
+    if cfg.tasks.source == "buffer" and b.storage == "memory":
+        problems.append(
+            "tasks.source: buffer trains on stored rows, but buffer.storage is 'memory' (empty in a new process); "
+            "set buffer.storage: sql (with buffer.url / storage_args.table naming the rows, e.g. "
+            "{table: preferences}) or file"
+        )
+    explored = [] if cfg.mode == "train" else [("train", cfg.tasks.train), *enumerate(cfg.tasks.mix)]
+    explored = [(f"mix.{k}" if isinstance(k, int) else k, ts) for k, ts in explored if ts is not None]
+    evals = [(f"eval.{i}", ts) for i, ts in enumerate(cfg.tasks.eval)]
+    for key, ts in explored + evals:
+        if not _from_outside(ts.workflow):
+            continue
+        where = f"tasks.{key}.workflow {ts.workflow!r}"
+        if key.startswith("eval."):
+            problems.append(
+                f"{where} leaves rewards to people, but evaluation scores answers now; give the eval taskset a "
+                "workflow with a reward (e.g. single_turn)"
+            )
+            continue
+        if b.storage in ("memory", "file"):
+            problems.append(
+                f"{where} leaves rewards pending until people answer, and another process (trine studio, trine "
+                f"annotate land) writes them into the run's buffer; buffer.storage {b.storage!r} lives in this "
+                "process only: set buffer.storage: sql"
+            )
+        args = ts.workflow_args
+        if args.get("ask") == "pair" and ts.repeat % 2:
+            problems.append(
+                f"tasks.{key}.repeat={ts.repeat} with workflow_args.ask: pair: responses are compared 0-1, 2-3, "
+                "...; set an even repeat"
+            )
+        timeout = args.get("timeout", 3600.0)
+        if (
+            b.pending_timeout is not None
+            and isinstance(timeout, (int, float))
+            and b.pending_timeout < timeout
+        ):
+            problems.append(
+                f"buffer.pending_timeout={b.pending_timeout} gives up on a pending experience before its "
+                f"annotation item expires (tasks.{key}.workflow_args.timeout={timeout}), so late answers are lost; "
+                "set pending_timeout >= timeout"
+            )
+    return problems
+
+
+def _from_outside(name: str) -> bool:
+    """Whether the workflow called ``name`` declares ``rewards_from_outside`` (unknown names: False)."""
+    if registry.check("workflow", name) is not None:
+        return False
+    try:
+        return bool(getattr(registry.resolve("workflow", name), "rewards_from_outside", False))
+    except (ImportError, AttributeError, ValueError):
+        return False
 
 
 def _produce_problems(cfg: RunConfig) -> list[str]:

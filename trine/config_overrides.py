@@ -14,7 +14,26 @@ import yaml
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading ``3e-4`` as a float as YAML 1.2 does (PyYAML makes it a string)."""
+    """PyYAML's safe loader, reading ``3e-4`` as a float as YAML 1.2 does (PyYAML makes it a string), and
+    refusing a key given twice in one mapping (PyYAML keeps the last silently: a setting would be ignored)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: merged keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice in one mapping (first on line {seen[key].line + 1}); "
+                    "keep one of them",
+                    key_node.start_mark,
+                )
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(

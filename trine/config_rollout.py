@@ -22,7 +22,7 @@ from trine.config_base import (
     _check_name,
     _resolve_path,
 )
-from trine.config_checks import argument_problems
+from trine.config_checks import argument_problems, source_problems
 
 VLLM_ENGINES = ("vllm", "trine.models.vllm_engine:VLLMEngine")
 """The ``model.engine`` values that name :class:`trine.models.vllm_engine.VLLMEngine` (``model.vllm`` applies)."""
@@ -251,7 +251,15 @@ class TasksetConfig(Section):
 
 class TasksConfig(Section):
     train: TasksetConfig | None = None
-    """The taskset explored (RL) or trained on (``train`` mode)."""
+    """The taskset explored (RL) or trained on (``train`` mode); not used with ``source: buffer``."""
+    source: Literal["taskset", "buffer"] = "taskset"
+    """Where ``mode: train`` gets its batches. ``taskset``: rows of ``tasks.train`` (SFT rows, or DPO pairs
+    from its ``chosen_key`` / ``rejected_key``). ``buffer``: rows that land in the persistent buffer
+    (``buffer.storage: sql`` or ``file``; another run's with ``buffer.url``; the annotated preference pairs
+    with ``buffer.storage_args: {table: preferences}``), with no extra step: each step takes
+    ``batch_size`` rows (pairs for DPO) by ``buffer.get``, waiting up to ``buffer.get_timeout`` seconds
+    for them. The stage ends after ``total_steps``, or earlier when no batch arrives within that time (the
+    run summary's ``ended`` says so; a last partial batch stays in the buffer)."""
     eval: list[TasksetConfig] = []
     """Tasksets evaluated every ``eval.every`` steps."""
     mix: list[TasksetConfig] = []
@@ -278,7 +286,7 @@ class TasksConfig(Section):
 
     @model_validator(mode="after")
     def _length(self, info: ValidationInfo) -> TasksConfig:
-        if self.total_steps is None and self.epochs is None:
+        if self.total_steps is None and self.epochs is None and self.source == "taskset":
             raise ValueError("set tasks.total_steps or tasks.epochs so the stage knows when to stop")
         problems = []
         if self.total_steps is not None and self.epochs is not None:
@@ -297,7 +305,7 @@ class TasksConfig(Section):
                 "tasks.selector: easy_to_hard needs tasks.difficulty_key, the row field to sort by"
             )
         mode = (info.context or {}).get("mode", "sync")
-        problems += argument_problems(self, mode)
+        problems += argument_problems(self, mode) + source_problems(self, mode)
         if self.curriculum is not None and self.selector not in (None, "shuffle"):
             problems.append(
                 f"tasks.curriculum picks tasks online, so tasks.selector={self.selector!r} would be ignored; "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trine.config import ConfigError, RunConfig, apply_overrides, load_config, merge, validate_dict
+from trine.config import ConfigError, RunConfig, apply_overrides, load_config, load_yaml, merge, validate_dict
 
 
 def _write(path: Path, data: dict) -> Path:
@@ -398,3 +398,15 @@ def test_engine_and_weight_sync_method_are_checked(project):
     data.update(mode="train", algorithm={"name": "sft"}, sync={"method": "copy"})
     _, errors = validate_dict(data, base_dir=project)
     assert any("sync settings only apply to mode 'sync'" in e for e in errors), errors
+
+
+def test_a_key_given_twice_is_an_error_with_its_line(tmp_path):
+    """PyYAML keeps the last of two equal keys silently; a config must not ignore a setting."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("name: dup\ntrainer:\n  lr: 0.001\n  grad_clip: 1.0\n  lr: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "key 'lr' is given twice" in str(err.value) and "line 5" in str(err.value)
+    assert "first on line 3" in str(err.value)
+    # YAML merge keys may still be overridden
+    assert load_yaml("base: &b {lr: 1}\ntrainer:\n  <<: *b\n  lr: 3\n")["trainer"] == {"lr": 3}

@@ -11,10 +11,13 @@
   episode, or one per turn).
 - ``tool_agent``: multi-turn tool use (Python functions and MCP servers), token-in token-out
   (:mod:`trine.workflows.tool_agent` over :class:`~trine.workflows.trajectory.Trajectory`).
+- ``human_feedback``: ``single_turn`` with the rewards left pending and the responses posted to the
+  annotation queue for people to rate (``ask: rate``) or compare (``ask: pair``); docs/annotation.md.
 """
 
 from trine.workflows.base import RolloutModel, ScoreFn, Workflow, completion_experience
 from trine.workflows.envs import ENVIRONMENTS, GridWorld, grid_world_tasks
+from trine.workflows.human import HumanFeedbackWorkflow
 from trine.workflows.multi_turn import MultiTurnWorkflow
 from trine.workflows.single_turn import SingleTurnWorkflow
 from trine.workflows.step_wise import GridWorldWorkflow, StepWiseWorkflow
@@ -27,6 +30,7 @@ WORKFLOWS = {
     "grid_world": GridWorldWorkflow,
     "tool_agent": ToolAgentWorkflow,
     "multi_turn": MultiTurnWorkflow,
+    "human_feedback": HumanFeedbackWorkflow,
 }
 
 __all__ = [
@@ -34,6 +38,7 @@ __all__ = [
     "WORKFLOWS",
     "GridWorld",
     "GridWorldWorkflow",
+    "HumanFeedbackWorkflow",
     "MultiTurnWorkflow",
     "RolloutModel",
     "ScoreFn",
