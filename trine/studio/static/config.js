@@ -10,7 +10,7 @@ export const NAME = "config";
 
 export function mount(root, _params, params) {
   setCrumbs(["config editor"]);
-  const state = { fields: {}, errors: [], ok: false, checking: false, request: 0, line: 0 };
+  const state = { fields: {}, errors: [], ok: false, checking: false, request: 0, line: 0, template: null };
   const templates = h("select", { "aria-label": "template", onchange: (e) => loadTemplate(e.target.value) });
   const textarea = h("textarea", { id: "yaml", spellcheck: "false", wrap: "off", autocomplete: "off", "aria-label": "config YAML" });
   const gutter = h("div", { class: "gutter" });
@@ -110,7 +110,8 @@ export function mount(root, _params, params) {
     validity.textContent = "Checking…";
     let result;
     try {
-      result = await api("/config/validate", { method: "POST", body: { yaml: textarea.value }, quiet: true });
+      const body = { yaml: textarea.value, template: state.template || null };
+      result = await api("/config/validate", { method: "POST", body, quiet: true });
     } catch (err) {
       if (mine !== state.request) return;
       state.checking = false;
@@ -195,7 +196,7 @@ export function mount(root, _params, params) {
     startButton.disabled = true;
     fill(startResult, h("span", { class: "muted" }, "Starting…"));
     try {
-      const body = { yaml: textarea.value, name: nameInput.value.trim() };
+      const body = { yaml: textarea.value, name: nameInput.value.trim(), template: state.template || null };
       const result = await api("/config/start", { method: "POST", body, quiet: true });
       const link = h("a", { href: `#/run/${enc(result.name)}`, id: "started-link" }, result.name);
       fill(startResult, "Started ", link, ` (pid ${result.pid}).`);
@@ -211,6 +212,7 @@ export function mount(root, _params, params) {
     try {
       const data = await api(`/config/template${query({ id })}`, { quiet: true });
       textarea.value = data.yaml;
+      state.template = id; // a --config file's relative paths resolve against its own directory
       const run = id.startsWith("run:") ? id.slice(4) : "";
       if (!nameInput.value && run) nameInput.value = `${run}-copy`;
       layout();
