@@ -48,6 +48,7 @@ BASE = {
     "status",
     "tools",
     "feedback",
+    "sqlstore",
 }
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
 ENTRY_POINTS = {

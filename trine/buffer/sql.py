@@ -19,7 +19,6 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, Literal
 
 from trine.buffer import sql_sampling as q
@@ -35,24 +34,12 @@ from trine.buffer.sql_schema import (
     experience_to_row,
     row_to_experience,
 )
+from trine.sqlstore import is_retryable, normalize_url, open_engines
 from trine.types import Experience
 
 # Engines inherited through fork(): the child never uses them, and keeps them referenced so that
 # garbage collection never closes (and so terminates) connections that belong to the parent.
 _INHERITED_ENGINES: list[Any] = []
-
-_RETRY_MESSAGES = ("database is locked", "database is busy", "deadlock detected", "could not serialize")
-
-
-def _is_retryable(err: BaseException) -> bool:
-    text = str(err).lower()
-    return any(m in text for m in _RETRY_MESSAGES)
-
-
-def normalize_url(url: str | os.PathLike[str]) -> str:
-    """A SQLAlchemy URL; a plain file path (no ``://``) means a SQLite file there."""
-    text = os.fspath(url)
-    return text if "://" in text else f"sqlite:///{Path(text).expanduser().resolve()}"
 
 
 class DuplicateBatch(ValueError):
@@ -176,19 +163,9 @@ class SQLBuffer:
         import sqlalchemy as sa
 
         url = sa.make_url(self.url)
-        if url.get_backend_name() == "sqlite":
-            if url.database in (None, "", ":memory:") or url.database.startswith("file::memory"):
-                raise ValueError(
-                    f"SQLBuffer url={self.url!r}: an in-memory SQLite database cannot be shared; "
-                    "give a file, e.g. 'sqlite:///runs/x/buffer.db', or use storage 'memory'."
-                )
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-            engine = sa.create_engine(url, connect_args={"timeout": self.busy_timeout})
-            _configure_sqlite(engine, self.busy_timeout)
-            write_engine = engine.execution_options(sqlite_begin="IMMEDIATE")
-        else:
-            engine = sa.create_engine(url, pool_pre_ping=True)
-            write_engine = engine
+        engine, write_engine = open_engines(
+            self.url, self.busy_timeout, "SQLBuffer", "'sqlite:///runs/x/buffer.db', or use storage 'memory'"
+        )
         table = build_table(sa.MetaData(), self.table_name)
         batches = build_batches_table(table.metadata, self.table_name)  # created for old databases too
 
@@ -217,7 +194,7 @@ class SQLBuffer:
             except (sa.exc.OperationalError, sa.exc.IntegrityError, sa.exc.ProgrammingError) as err:
                 text = str(err).lower()
                 racing_create = what == "create the table" and ("exist" in text or "duplicate column" in text)
-                if attempt == attempts - 1 or not (_is_retryable(err) or racing_create):
+                if attempt == attempts - 1 or not (is_retryable(err) or racing_create):
                     raise
                 time.sleep(min(0.01 * 2**attempt, 0.5))
         raise AssertionError("unreachable")
@@ -683,21 +660,3 @@ def _in_ranges(column: Any, ranges: list[list[int]], chunk: int = 200) -> Iterat
 
     for i in range(0, len(ranges), chunk):
         yield sa.or_(*(column.between(first, last) for first, last in ranges[i : i + chunk]))
-
-
-def _configure_sqlite(engine: Any, busy_timeout: float) -> None:
-    """WAL mode and busy timeout on every connection; explicit BEGIN (IMMEDIATE for writes)."""
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # let SQLAlchemy's "begin" event emit BEGIN itself
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get('sqlite_begin', 'DEFERRED')}")

@@ -50,6 +50,7 @@ from trine.feedback.items import (
     item_row,
     row_item,
 )
+from trine.sqlstore import is_retryable, normalize_url, open_engines
 from trine.types import new_id
 
 ANNOTATIONS_FILE = "annotations.db"
@@ -58,18 +59,11 @@ __all__ = [  # the queue's interface (the nouns live in trine.feedback.items)
     "STATUSES", "AnnotationQueue", "AnswerConflict", "Item", "check_answer", "check_item", "normalize_url",
     "queue_url",
 ]  # fmt: skip
-_RETRY = ("database is locked", "database is busy", "deadlock detected", "could not serialize")
 
 
 def queue_url(run_dir: str | os.PathLike[str]) -> str:
     """The queue of a run: ``sqlite:///<run_dir>/annotations.db``."""
     return f"sqlite:///{Path(run_dir).expanduser().resolve() / ANNOTATIONS_FILE}"
-
-
-def normalize_url(url: str | os.PathLike[str]) -> str:
-    """A SQLAlchemy URL; a plain file path (no ``://``) means a SQLite file there."""
-    text = os.fspath(url)
-    return text if "://" in text else f"sqlite:///{Path(text).expanduser().resolve()}"
 
 
 class AnnotationQueue:
@@ -129,19 +123,7 @@ class AnnotationQueue:
 
     def _open(self) -> None:
         url = sa.make_url(self.url)
-        if url.get_backend_name() == "sqlite":
-            if url.database in (None, "", ":memory:") or url.database.startswith("file::memory"):
-                raise ValueError(
-                    f"AnnotationQueue url={self.url!r}: an in-memory SQLite database cannot be shared; "
-                    "give a file, e.g. queue_url(run_dir)."
-                )
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-            engine = sa.create_engine(url, connect_args={"timeout": self.busy_timeout})
-            _configure_sqlite(engine, self.busy_timeout)
-            write = engine.execution_options(sqlite_begin="IMMEDIATE")
-        else:
-            engine = sa.create_engine(url, pool_pre_ping=True)
-            write = engine
+        engine, write = open_engines(self.url, self.busy_timeout, "AnnotationQueue", "queue_url(run_dir)")
         try:
             _retry(lambda: self.t.metadata.create_all(write), creating=True)
         except sa.exc.OperationalError as err:
@@ -443,7 +425,7 @@ def _retry(fn: Callable[[], Any], *, attempts: int = 30, creating: bool = False)
             return fn()
         except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as err:
             text = str(err).lower()
-            transient = any(m in text for m in _RETRY) or (creating and "exist" in text)
+            transient = is_retryable(err) or (creating and "exist" in text)
             if (
                 attempt == attempts - 1
                 or not transient
@@ -453,20 +435,3 @@ def _retry(fn: Callable[[], Any], *, attempts: int = 30, creating: bool = False)
                 raise
             time.sleep(min(0.01 * 2**attempt, 0.5))
     raise AssertionError("unreachable")
-
-
-def _configure_sqlite(engine: Any, busy_timeout: float) -> None:
-    """WAL mode and busy timeout on every connection; explicit BEGIN (IMMEDIATE for writes)."""
-
-    @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
-    @sa.event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get('sqlite_begin', 'DEFERRED')}")

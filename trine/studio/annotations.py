@@ -112,18 +112,7 @@ def claim(
     items = queue.claim(who, body.n, lease=body.lease)
     return {
         "annotator": who,
-        "items": [
-            {
-                "id": i.id,
-                "kind": i.kind,
-                "prompt": i.prompt,
-                "responses": [{"text": r.get("text", "")} for r in i.responses],
-                "scale": list(i.scale) if i.scale else None,
-                "expires_at": i.expires_at,
-                "claimed_until": i.claimed_until,
-            }
-            for i in items
-        ],
+        "items": [{**i.summary(), "claimed_until": i.claimed_until} for i in items],
     }
 
 
