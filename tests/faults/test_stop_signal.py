@@ -21,7 +21,7 @@ from trine.status import Terminated, check_stop, clear_stop, on_stop_signal
 # A workflow that, at the first task of its second batch, sends SIGTERM to its own process and swallows the
 # Terminated the handler raises into it (as careless code would), then answers normally.
 PLUGIN = textwrap.dedent(
-    '''
+    """
     import os
     import signal
     import time
@@ -43,7 +43,7 @@ PLUGIN = textwrap.dedent(
                 except BaseException:  # noqa: BLE001 ... which this swallows
                     pass
             return await super().run(task, model)
-    '''
+    """
 )
 
 
@@ -51,7 +51,10 @@ def test_a_swallowed_sigterm_still_stops_the_run_and_it_resumes(fault_config, tm
     plugin = tmp_path / "plugin.py"
     plugin.write_text(PLUGIN)
     config = fault_config(
-        {"tasks": {"total_steps": 4, "train": {"workflow": "swallows_sigterm"}}, "explorer": {"timeout": 30.0}}
+        {
+            "tasks": {"total_steps": 4, "train": {"workflow": "swallows_sigterm"}},
+            "explorer": {"timeout": 30.0},
+        }
     )
     run_dir = run_dir_of(config)
     proc, _ = trine_run(config, plugin)
