@@ -281,3 +281,57 @@ def test_a_conflicting_answer_keeps_nothing_and_names_the_item(page, studio):
         i for i in httpx.get(f"{url}/api/runs/arithmetic/annotations").json()["recent"] if i["id"] == item_id
     ]
     assert answered and answered[0]["answer"] == {"rating": 1.0}
+
+
+def test_a_real_run_watched_live_then_finished(page, studio, tiny_model_dir):
+    """A real `trine run` (SQL buffer) started in the studio's runs directory: the runs page and the run's
+    page show it running with its curve growing, its experiences page lists rows while it explores, and
+    the same pages show it finished with every row once it is done, with no reload of the run page."""
+    import subprocess
+    import sys
+
+    from tests.conftest import write_arithmetic_config
+
+    url, demo = studio
+    runs = Path(demo["runs"])
+    config = write_arithmetic_config(
+        runs.parent,
+        tiny_model_dir,
+        "watched",
+        # 150 steps: about 10 s of training on 2 cores, several of the page's 3-second polls
+        {"run_dir": str(runs / "watched"), "num_threads": 1, "tasks": {"total_steps": 150}},
+        {"tasks": {"train": {"sampling": {"max_tokens": 8}}}},
+        {"buffer": {"storage": "sql"}, "trainer": {"save_every": 0}},
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trine.cli", "run", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        page.goto(f"{url}/#/")
+        expect(page.locator('tr[data-run="watched"] .badge')).to_have_text("running", timeout=60_000)
+        page.goto(f"{url}/#/run/watched")
+        expect(page.locator(".run-header .badge")).to_have_text("running")
+        loss = page.locator('section.chart[data-title="Loss"]')
+        expect(loss.locator("canvas")).to_have_count(1, timeout=30_000)
+        first = points(page, "Loss")
+        page.wait_for_function(  # the curve grows while the run trains, with no reload
+            f"() => Number(document.querySelector('section.chart[data-title=\"Loss\"]').dataset.points) > {first}",
+            timeout=60_000,
+        )
+        page.goto(f"{url}/#/run/watched/experiences")
+        total = page.locator(".summary .total")
+        expect(total).not_to_have_attribute("data-total", "0", timeout=30_000)
+        assert proc.wait(timeout=240) == 0, proc.stdout.read().decode()
+        page.goto(f"{url}/#/run/watched")
+        expect(page.locator(".run-header .badge")).to_have_text("finished", timeout=15_000)
+        expect(loss).to_have_attribute("data-points", "150", timeout=15_000)
+        page.goto(f"{url}/#/run/watched/experiences")
+        everything = httpx.get(f"{url}/api/runs/watched/experiences", params={"limit": 1}).json()["total"]
+        assert everything == 150 * 4 * 4  # total_steps × batch_size × repeat, each stored once
+        expect(total).to_have_attribute("data-total", str(everything))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
