@@ -123,7 +123,9 @@ def post_items(run_dir: Path, tokenizer, pending: str) -> list[str]:
         (g[0], other) for g in groups.values() for other in g[1:]
         if other.info.get("response") != g[0].info.get("response")
     )  # fmt: skip
-    prompt = tokenizer.decode(a.tokens[: a.prompt_length])
+    from trine.models.chat import readable_prompt
+
+    prompt, messages = readable_prompt(tokenizer, a.tokens[: a.prompt_length])  # as `trine annotate pairs`
     pair = Item(
         kind="pair",
         prompt=prompt,
@@ -136,6 +138,7 @@ def post_items(run_dir: Path, tokenizer, pending: str) -> list[str]:
             "group_id": a.group_id,
             "prompt_tokens": a.tokens[: a.prompt_length],
             "await_rewards": False,
+            **({"messages": messages} if messages else {}),
         },
     )
     rate = Item(

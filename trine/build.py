@@ -30,17 +30,25 @@ from trine.roles import (
 log = logging.getLogger("trine")
 
 
-def load_policy(cfg: RunConfig, path: str | None = None, *, weights: bool = True) -> tuple[Any, Any]:
+def load_policy(
+    cfg: RunConfig,
+    path: str | None = None,
+    *,
+    weights: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> tuple[Any, Any]:
     """Load the model and tokenizer (building a tiny preset model first if asked). ``path``: a
     checkpoint's weights; with ``trainer.lora`` and an adapter saved in the checkpoint, the base model
     from ``model.path`` instead, marked with ``trine_adapter_dir`` for the trainer to resume.
     ``weights=False``: the tokenizer only, model None (an explorer whose engine loads the weights itself:
-    vLLM)."""
+    vLLM). ``say``: told what is being built or loaded (a command's console), before it starts."""
     from trine.models import init_model, load_model, load_tokenizer
     from trine.models.loading import resolve_device
 
     m = cfg.model
+    say = say or (lambda _: None)
     if path is None and m.init_preset and not Path(m.path).exists():
+        say(f"building model {m.init_preset} in {m.path} ...")
         init_model(m.init_preset, m.path, seed=cfg.seed)
     if not weights:
         return None, load_tokenizer(path or m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
@@ -53,6 +61,7 @@ def load_policy(cfg: RunConfig, path: str | None = None, *, weights: bool = True
     if adapter is not None and cfg.trainer.lora is not None and adapter.is_dir():
         source = m.path  # a LoRA checkpoint: the frozen base and the adapter trained on it
     device = resolve_device(m.device)
+    say(f"loading model {source} on {device} ...")
     model = load_model(source, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code)
     if source != path and adapter is not None and adapter.is_dir():
         model.trine_adapter_dir = str(adapter)  # read by the trainer's prepare_policy

@@ -26,26 +26,19 @@ logprobs that are not what the trainer recomputes. ``trine check`` loads the con
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from trine.check_probes import (
-    CheckRow,
-    Sampled,
-    Segment,
-    fidelity_row,
-    logprob_rows,
-    mask_row,
-    sample_conversations,
-    template_rows,
-)
 from trine.config import RunConfig
 from trine.types import SamplingParams
 
-TOLERANCE: dict[torch.dtype, float] = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 2.5e-1}
+if TYPE_CHECKING:  # torch and the probes are imported when the checks run, after the estimate is printed
+    from trine.check_probes import CheckRow, Sampled, Segment
+
+TOLERANCE: dict[str, float] = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 2.5e-1}
 """Largest ``|engine logprob - trainer logprob|`` accepted on a trained token, by the model's dtype: the
 KV-cached decode and the full forward round differently, more so in 16-bit floats."""
 
@@ -110,13 +103,12 @@ def run_checks(
             "trine check samples tasks.train's first row; this stage trains on a buffer: check a config with one"
         )
     from trine.build import load_policy
+    from trine.check_probes import CheckRow, fidelity_row, logprob_rows, mask_row, template_rows
+    from trine.threads import threads_for
 
     started = time.perf_counter()
     seed = cfg.seed if seed is None else seed
-    threads = torch.get_num_threads()
-    if cfg.num_threads:  # as the run does; restored after
-        torch.set_num_threads(cfg.num_threads)
-    try:
+    with threads_for(cfg.num_threads, say=_stderr):  # as the run does; restored after
         model, tokenizer = load_policy(cfg)
         model.eval()
         opening, sampling = _opening(cfg)
@@ -128,14 +120,13 @@ def run_checks(
             mask, conversation = mask_row(tokenizer, samples[0])
             rows.append(mask)
             if tolerance is None:
-                tolerance = TOLERANCE.get(next(model.parameters()).dtype, TOLERANCE[torch.bfloat16])
+                dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+                tolerance = TOLERANCE.get(dtype, TOLERANCE["bfloat16"])
             for sample in samples:
                 rows += logprob_rows(model, tokenizer, sample, tolerance)
         else:
             for name in ("multi-turn token fidelity", "action-mask alignment", "engine vs trainer logprobs"):
                 rows.append(CheckRow(name, "SKIP", "-", why))
-    finally:
-        torch.set_num_threads(threads)
     param = next(model.parameters())
     return CheckReport(
         config=config,
@@ -148,6 +139,10 @@ def run_checks(
         conversation=conversation,
         seconds=time.perf_counter() - started,
     )
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stdout is the report (``--json``: one JSON object)
 
 
 def _opening(cfg: RunConfig) -> tuple[list[dict[str, Any]], SamplingParams]:
@@ -184,6 +179,7 @@ def _sample(
     """The sampled conversations (plain, top-p, top-k) or, when a Trajectory cannot be built with this
     tokenizer, none and why."""
     from trine import registry
+    from trine.check_probes import sample_conversations
 
     engine = registry.resolve("engine", cfg.model.engine)(
         model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=seed
@@ -223,6 +219,57 @@ def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
     if tokenizer.eos_token_id is not None:
         found.add(tokenizer.eos_token_id)
     return found
+
+
+# ---------------------------------------------------------------------------------------------- estimate
+IMPORT_SECONDS = 4.0
+"""Importing torch and transformers and starting the engine, measured on a 2-core CPU."""
+_WIDTH = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def estimate(cfg: RunConfig, turns: int, max_tokens: int) -> str:
+    """What ``trine check`` is about to do and about how long it will take, to say before it starts (nothing
+    is loaded: the model's size comes from its weight files or its preset). The rates are measured on a
+    2-core CPU (tiny-1m, 3 turns of 6 tokens: ~8 s, half of it importing torch and transformers): per
+    sampled token a fixed cost plus reading every weight once; the range is half to twice the estimate."""
+    params = _parameters(cfg)
+    device = cfg.model.device
+    gpu = device.startswith("cuda") or (device == "auto" and Path("/dev/nvidiactl").exists())
+    size = params * (2 if gpu or cfg.model.dtype in ("bfloat16", "float16") else 4)  # bytes as loaded
+    train = cfg.tasks.train
+    tokens = min(max_tokens, train.sampling.max_tokens) if train is not None else max_tokens
+    steps = 3 * turns * (tokens + 2)  # plain, top-p and top-k conversations; each turn also a trainer forward
+    per_step = 0.03 + size / 5e11 if gpu else 0.05 + size / 3e9
+    seconds = IMPORT_SECONDS + 0.5 + size / 3e8 + steps * per_step
+    return (
+        f"trine check: loads {cfg.model.path} ({params / 1e6:.1f}M parameters) and samples 3 conversations of "
+        f"{turns} turn(s), up to {tokens} tokens each, on the {'GPU' if gpu else 'CPU'}: expect about "
+        f"{_duration(seconds)} ({_duration(seconds / 2)} to {_duration(seconds * 2)})"
+    )
+
+
+def _parameters(cfg: RunConfig) -> int:
+    """The policy's parameter count: from its preset when ``model.init_preset`` will build it, else the size
+    of its weight files over the width of the dtype its config.json names (float32 if none)."""
+    import json
+
+    path = Path(cfg.model.path)
+    if not path.exists() and cfg.model.init_preset:
+        from trine import registry
+        from trine.models.tiny import estimate_parameters
+
+        return estimate_parameters(**registry.resolve("model_preset", cfg.model.init_preset))
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    width = _WIDTH.get(str(config.get("torch_dtype") or config.get("dtype")), 4)
+    files = [*path.glob("*.safetensors"), *path.glob("pytorch_model*.bin")]
+    return sum(f.stat().st_size for f in files) // width
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 # ---------------------------------------------------------------------------------------------- printing

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,9 +95,10 @@ def check(
     check failed, 1 a check failed, 2 a bad config."""
     import json
 
-    from trine.check import print_report, run_checks
+    from trine.check import estimate, print_report, run_checks
 
     stages = _load(config, overrides or [], plugin)
+    typer.echo(estimate(stages[0], turns, max_tokens), err=True)  # before torch and the model load
     try:
         report = run_checks(
             stages[0], turns=turns, seed=seed, max_tokens=max_tokens, tolerance=tolerance, config=str(config)
@@ -182,11 +182,22 @@ def serve(
     """An OpenAI-compatible server in front of the rollout model: every call becomes experience in the
     run's buffer, rewards arrive by POST /v1/feedback, and `trine train` on the same config trains on them
     while the server picks up its new weights."""
+    _need_extra("trine serve")
     stages = _load(config, overrides or [], plugin)
     from trine.modes.serve import serve as serve_mode
 
     why = _guarded(lambda: _process_input(lambda: serve_mode(stages, host=host, port=port, index=server_id)))
     typer.echo(f"server {server_id}: done ({why})")
+
+
+def _need_extra(command: str) -> None:
+    """Exit 2 naming the install command when ``command``'s extra is missing (before anything loads)."""
+    from trine.config_extras import command_problem
+
+    problem = command_problem(command)
+    if problem:
+        typer.secho(problem, fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
 
 
 def _ray_launch(stages: list[Any], plugins: list[Path]) -> int:
@@ -352,33 +363,10 @@ def bench(
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    """The table printed at the end of a run: evaluation before/after each stage, time, paths."""
-    from rich.console import Console
-    from rich.table import Table
+    """The table printed at the end of a run (:func:`trine.monitor.summary.print_summary`)."""
+    from trine.monitor.summary import print_summary as table
 
-    table = Table(title="Trine run summary")
-    for col in ("stage", "metric", "start", "end", "seconds"):
-        table.add_column(col, justify="left" if col in ("stage", "metric") else "right")
-    for stage, rec in summary.get("stages", {}).items():
-        start, end = rec.get("eval_start", {}), rec.get("eval_end", {})
-        keys = sorted(set(start) | set(end)) or ["-"]
-        for i, key in enumerate(keys):
-            table.add_row(
-                stage if i == 0 else "",
-                key,
-                _pct(start.get(key)),
-                _pct(end.get(key)),
-                f"{rec.get('seconds', 0.0):.1f}" if i == 0 else "",
-            )
-    console = Console(file=sys.stdout)
-    console.print(table)
-    console.print(f"run directory: {summary.get('run_dir')}")
-    if summary.get("plots"):
-        console.print(f"plots: {Path(summary['plots'][0]).parent}")
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+    table(summary)
 
 
 app.add_typer(_buffer_commands(), name="buffer")

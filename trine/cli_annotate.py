@@ -123,19 +123,38 @@ class _Texts:
         self.run_dir, self.stage = run_dir, stage
         self._tokenizer: Any = False
 
-    def _decode(self, tokens: list[int]) -> str | None:
+    def _load(self) -> Any:
+        """The run's tokenizer (None when it has none that loads)."""
         if self._tokenizer is False:
             from trine.cli_buffer import _tokenizer
 
             self._tokenizer = _tokenizer(self.run_dir, self.stage)
-        return None if self._tokenizer is None else self._tokenizer.decode(tokens)
+        return self._tokenizer
 
-    def prompt(self, e: Any) -> str:
+    def _decode(self, tokens: list[int]) -> str | None:
+        tokenizer = self._load()
+        return None if tokenizer is None else tokenizer.decode(tokens)
+
+    def prompt(self, e: Any) -> tuple[str, list[dict[str, str]] | None]:
+        """The prompt as people read it, without chat-template markup, and its messages when it is a
+        chat (:func:`trine.models.chat.readable_prompt`): they go to the item's ``meta["messages"]``."""
+        from trine.models.chat import readable_prompt
+
         text = e.info.get("prompt")
         if isinstance(text, str):
-            return text
-        decoded = self._decode(e.tokens[: e.prompt_length])
-        return decoded if decoded is not None else f"(token ids) {e.tokens[: e.prompt_length]}"
+            return text, None
+        ids = e.tokens[: e.prompt_length]
+        tokenizer = self._load()
+        return (f"(token ids) {ids}", None) if tokenizer is None else readable_prompt(tokenizer, ids)
+
+    def item(self, kind: str, e: Any, responses: list[dict[str, Any]], meta: dict[str, Any], **extra: Any):
+        """An annotation item on ``e``'s prompt (its messages in ``meta["messages"]`` when a chat)."""
+        from trine.feedback.queue import Item
+
+        prompt, messages = self.prompt(e)
+        return Item(
+            kind, prompt, responses, meta={**meta, "messages": messages} if messages else meta, **extra
+        )
 
     def response(self, e: Any) -> dict[str, Any]:
         text = e.info.get("response")
@@ -182,8 +201,6 @@ def rate(
     stage: str = STAGE,
 ) -> None:
     """Post one rating item per experience (its rating becomes its reward when it is pending)."""
-    from trine.feedback.queue import Item
-
     if not scale[0] < scale[1]:
         raise _fail(f"--scale {scale[0]} {scale[1]}: expected LO < HI, e.g. --scale 0 1")
     seen = _posted(run_dir, "rate")
@@ -193,7 +210,7 @@ def rate(
         if e.id in seen or (limit is not None and len(items) >= limit):
             continue
         meta = {"task_id": e.task_id, "group_id": e.group_id}
-        items.append(Item("rate", texts.prompt(e), [texts.response(e)], scale=scale, meta=meta))
+        items.append(texts.item("rate", e, [texts.response(e)], meta, scale=scale))
     if not items:
         typer.echo(f"nothing to post: no {status or ''} experience in {run_dir} that is not posted already")
         return
@@ -210,8 +227,6 @@ def pairs(
     stage: str = STAGE,
 ) -> None:
     """Post pair items: experiences of one group with different responses, two by two."""
-    from trine.feedback.queue import Item
-
     seen = _posted(run_dir, "pair")
     groups: dict[str, list[tuple[Any, str]]] = {}
     for e, s in _rows(run_dir, status, stage):
@@ -235,7 +250,7 @@ def pairs(
                 "prompt_tokens": a.tokens[: a.prompt_length],
                 "await_rewards": sa == sb == "pending",  # else only the preference rows land
             }
-            items.append(Item("pair", texts.prompt(a), [texts.response(a), texts.response(b)], meta=meta))
+            items.append(texts.item("pair", a, [texts.response(a), texts.response(b)], meta))
     if not items:
         typer.echo(f"nothing to post: no group in {run_dir} with two different responses not posted already")
         return

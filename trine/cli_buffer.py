@@ -38,44 +38,40 @@ def _plugins(
 
 
 def _rows(run_dir: Path, status: str | None = None, stage: str | None = None):
-    from trine.buffer.inspect import STATUSES, read_rows
+    """The run's rows with their states; for an in-memory buffer, what its last checkpoint kept, with a
+    note saying so (and, when that is nothing, only the note: exit 0, no empty tables)."""
+    from trine.buffer.inspect import read_rows
+    from trine.buffer.states import check_state
 
-    if status is not None and status not in STATUSES:
-        raise typer.BadParameter(f"--status {status!r}; expected one of {', '.join(STATUSES)}")
     try:
+        if status is not None:
+            check_state(status)
         rows = read_rows(run_dir, status, stage)
     except (ValueError, FileNotFoundError) as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     if rows is None:  # an in-memory buffer: what its last checkpoint kept
-        from trine.buffer.inspect import rows_from_state
+        from trine.buffer.inspect import memory_buffer_note, rows_from_state
         from trine.trainer.checkpoint import list_checkpoints, load_states
 
         found = list_checkpoints(run_dir / "checkpoints")
         rows = rows_from_state(load_states(found[-1])[1].get("buffer") or {}) if found else []
         typer.secho(memory_buffer_note(run_dir, len(rows), bool(found)), fg=typer.colors.YELLOW, err=True)
+        if not rows:
+            raise typer.Exit(0)
     return [(e, s) for e, s in rows if status is None or s == status]
-
-
-def memory_buffer_note(run_dir: Path, kept: int, has_checkpoint: bool) -> str:
-    """What ``trine buffer`` can show of a run whose buffer lived in memory, and how to keep more."""
-    where = "at its last checkpoint" if has_checkpoint else "(it has no checkpoint yet)"
-    return (
-        f"note: {run_dir} kept its buffer in memory (buffer.storage: memory, the default), so the "
-        f"experiences it trained on were never stored; only the {kept} not yet trained {where} can be "
-        "shown. To inspect every experience, run with buffer.storage: sql (or file); "
-        "explorer.dump_rollouts: true also writes each sampled response and reward to rollouts.jsonl."
-    )
 
 
 @buffer_app.command()
 def stats(run_dir: Path = RUN_DIR, stage: str = STAGE) -> None:
-    """Counts by status, by policy version and by trajectory status (ok, truncated, timeout, env_error,
-    tool_error, reward_error), rewards and lengths, a reward histogram."""
+    """Counts by status (pending, ready, trained, stale, expired, rolled_back), by policy version and
+    by trajectory status (ok, truncated, timeout, env_error, tool_error, reward_error), rewards and
+    lengths, a reward histogram."""
     from rich.console import Console
     from rich.table import Table
 
-    from trine.buffer.inspect import STATUSES, reward_histogram
+    from trine.buffer.inspect import reward_histogram
+    from trine.buffer.states import STATES
     from trine.types import TRAJECTORY_STATUSES
 
     rows = _rows(run_dir, stage=stage)
@@ -84,7 +80,7 @@ def stats(run_dir: Path = RUN_DIR, stage: str = STAGE) -> None:
     table = Table(title=f"{run_dir}: {len(rows)} experiences")
     for col in ("status", "count", "reward mean", "response length mean"):
         table.add_column(col, justify="left" if col == "status" else "right")
-    for status in STATUSES:
+    for status in STATES:
         chosen = [e for e, s in rows if s == status]
         rewards = [e.reward for e in chosen if e.reward is not None]
         table.add_row(
@@ -96,11 +92,11 @@ def stats(run_dir: Path = RUN_DIR, stage: str = STAGE) -> None:
     console.print(table)
     versions = Table(title="by policy version")
     versions.add_column("version", justify="right")
-    for status in STATUSES:
+    for status in STATES:
         versions.add_column(status, justify="right")
     for v in sorted({e.policy_version for e, _ in rows}):
         counts = Counter(s for e, s in rows if e.policy_version == v)
-        versions.add_row(str(v), *(str(counts.get(s, 0)) for s in STATUSES))
+        versions.add_row(str(v), *(str(counts.get(s, 0)) for s in STATES))
     console.print(versions)
     outcomes = Table(title="by trajectory status (only ok and truncated are trained by default)")
     for col in ("trajectory", "count", "reward mean"):
@@ -122,7 +118,7 @@ def head(
     n: int = typer.Option(5, "-n", help="How many experiences."),
     bottom: bool = typer.Option(False, "--bottom", help="Lowest rewards instead of highest."),
     status: str = typer.Option(
-        None, help="Only this status (pending, ready, consumed, dropped, rolled_back)."
+        None, help="Only this status (pending, ready, trained, stale, expired, rolled_back)."
     ),
     stage: str = STAGE,
 ) -> None:
@@ -151,7 +147,9 @@ def head(
 def export(
     run_dir: Path = RUN_DIR,
     out: Path = typer.Argument(..., help="A .jsonl or .parquet file to write."),
-    status: str = typer.Option(None, help="Only this status."),
+    status: str = typer.Option(
+        None, help="Only this status (pending, ready, trained, stale, expired, rolled_back)."
+    ),
     stage: str = STAGE,
 ) -> None:
     """Write the run's experiences to jsonl or parquet (the format of trine.buffer.files)."""
@@ -185,7 +183,10 @@ def reward(
     ),
     stage: str = STAGE,
 ) -> None:
-    """Fill in pending rewards; those experiences become trainable."""
+    """Fill in pending rewards; those experiences become trainable. Says why any row was not filled in
+    (already has a reward, not found, expired, ...), with how many and which."""
+    from trine.buffer.inspect import key_states
+
     updates: dict = {}
     for i, line in enumerate(rewards.read_text().splitlines(), start=1):
         if not line.strip():
@@ -200,9 +201,53 @@ def reward(
             raise typer.Exit(2)
         updates[row["id"] if "id" in row else (row["task_id"], row["run_id"])] = float(row["reward"])
     buffer = _open(run_dir, stage)
-    filled = buffer.set_rewards(updates)
-    buffer.close()
+    try:
+        before = key_states(run_dir, list(updates), stage)
+        filled = buffer.set_rewards(updates)
+    finally:
+        buffer.close()
     typer.echo(f"filled {filled} of {len(updates)} rewards in {run_dir}")
+    for line in unfilled_lines(before, filled):
+        typer.echo(line)
+
+
+WHY_NOT_FILLED = {
+    "not_found": "not found: no experience with that id (or task_id and run_id) in the buffer",
+    "ready": "already has a reward (ready: waiting for the trainer)",
+    "trained": "already has a reward and was trained",
+    "stale": "dropped as stale (its policy version was too old to train)",
+    "expired": "expired: its reward did not come within buffer.pending_timeout, so it was dropped",
+    "rolled_back": "rolled back: put after the checkpoint a resumed run started again from",
+}
+"""Why a reward was not filled in, by the state of the rows its key names (``not_found``: none)."""
+
+
+def unfilled_lines(before: dict, filled: int) -> list[str]:
+    """Lines saying why each key of a reward file was not filled in (per reason: how many and which),
+    from the (id, state) of its rows read just before (``before``: :func:`trine.buffer.inspect.key_states`);
+    ``filled``: rows the buffer filled (fewer than were pending: some changed meanwhile)."""
+    from trine.buffer.states import PENDING, STATES
+
+    reasons: dict[str, list[str]] = {}
+    for key, rows in before.items():
+        states = [state for _, state in rows]
+        if PENDING in states:
+            continue
+        reason = "not_found" if not states else min(states, key=STATES.index)
+        reasons.setdefault(reason, []).append(key if isinstance(key, str) else f"({key[0]}, {key[1]})")
+    lines = ["not filled:"] if reasons else []
+    for reason in WHY_NOT_FILLED:
+        keys = reasons.get(reason, [])
+        if keys:
+            shown = ", ".join(keys[:10]) + (f", ... ({len(keys) - 10} more)" if len(keys) > 10 else "")
+            lines.append(f"  {len(keys)} {WHY_NOT_FILLED[reason]}: {shown}")
+    pending = len({i for rows in before.values() for i, state in rows if state == PENDING})
+    if filled < pending:
+        lines.append(
+            f"  {pending - filled} row(s) were pending when read but not when filled: rewarded or expired "
+            "meanwhile (by the run or another writer)"
+        )
+    return lines
 
 
 def _open(run_dir: Path, stage: str | None):

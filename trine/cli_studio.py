@@ -35,14 +35,12 @@ def studio(
 ) -> None:
     """Watch runs (live curves, status, eval tables), browse their experiences, edit and start configs,
     and answer annotation queues, in the browser."""
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as err:
-        typer.secho(
-            f"trine studio needs the studio extra ({err}): pip install -e '.[studio]'", fg="red", err=True
-        )
-        raise typer.Exit(2) from None
+    from trine.config_extras import command_problem
+
+    missing = command_problem("trine studio")  # fastapi, uvicorn: found, not imported
+    if missing:
+        typer.secho(missing, fg="red", err=True)
+        raise typer.Exit(2)
     from trine.registry import load_plugin
     from trine.studio.app import StudioSettings, new_token
     from trine.studio.server import ensure_token, serve

@@ -32,6 +32,7 @@ import yaml
 from pydantic import (
     BaseModel,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -49,6 +50,7 @@ from trine.config_base import (  # noqa: F401 - re-exported
 )
 from trine.config_checks import algorithm_problems, auxiliary_problems, mode_problems, trainer_problems
 from trine.config_cluster import ClusterConfig  # noqa: F401
+from trine.config_extras import extras_problems
 from trine.config_format import format_error, section_reference
 from trine.config_learn import (  # noqa: F401
     AlgorithmConfig,
@@ -96,8 +98,13 @@ class RunConfig(Section):
     directory, a SQL buffer and the published weights)."""
     seed: NonNegInt = 42
     """Seed of every random stream (task order, sampling, mini-batch shuffles)."""
-    num_threads: Count | None = None
-    """torch CPU threads (None: torch's default)."""
+    num_threads: Count | Literal["auto"] = "auto"
+    """torch CPU threads of each process. ``auto``: the cores this process may use minus the load of other
+    work (the 1-minute load average at start), divided among the run's processes on this machine, at least
+    1; the run prints what it chose and why (``trine.threads``). A number is used as given, with a warning
+    when the load says the cores are oversubscribed. CPU results can depend on the thread count (the order
+    of floating-point sums), so a run resumed with another count than its checkpoint's says so; set a
+    number to reproduce a run exactly."""
     resume: bool = True
     """Continue from the last checkpoint in the run directory if there is one."""
     stop_after_steps: Count | None = None
@@ -149,6 +156,16 @@ class RunConfig(Section):
             return "copy"
         return "copy" if self.mode == "async" or self.sync.sync_offset > 0 else "shared"
 
+    @field_validator("num_threads", mode="before")
+    @classmethod
+    def _thread_count(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(
+            f"{v!r} is not a thread count; expected an integer >= 1 or auto (the free cores, the default): "
+            "write e.g. num_threads: 1, or remove the key"
+        )
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         if self.tasks.train is None and self.tasks.source == "taskset":
@@ -156,7 +173,9 @@ class RunConfig(Section):
                 "tasks.train is required: the taskset to explore (or to train on in train mode; or set "
                 "mode: train with tasks.source: buffer to train on the rows of a persistent buffer)"
             )
-        problems = mode_problems(self) + auxiliary_problems(self) + trainer_problems(self)
+        problems = (
+            mode_problems(self) + auxiliary_problems(self) + trainer_problems(self) + extras_problems(self)
+        )
         if self.mode == "train" and (
             self.sync.sync_offset or self.sync.sync_interval != 1 or self.sync.method is not None
         ):

@@ -80,9 +80,8 @@ def _given(kind: str, name: str, param: str) -> dict[str, Any]:
 
 
 def trainer_problems(cfg: RunConfig) -> list[str]:
-    """``trainer:`` settings the model or the installed packages cannot honour."""
-    import importlib.util
-
+    """``trainer:`` settings the model or the installed transformers cannot honour (missing extras:
+    :mod:`trine.config_extras`)."""
     t, problems = cfg.trainer, []
     if t.precision == "bf16":
         from trine.models.loading import resolve_device, resolve_dtype
@@ -112,10 +111,6 @@ def trainer_problems(cfg: RunConfig) -> list[str]:
         problems.append(
             f"model.vllm.sleep_level: 2 drops the engine's weights each step, so new ones must arrive every step; "
             f"sync.sync_interval is {cfg.sync.sync_interval}: set it to 1 or use sleep_level: 1"
-        )
-    if t.lora is not None and importlib.util.find_spec("peft") is None:
-        problems.append(
-            "trainer.lora needs the peft package: pip install 'trine[lora]' (or remove trainer.lora)"
         )
     if t.packed:
         from transformers import masking_utils
@@ -286,11 +281,10 @@ def _produce_problems(cfg: RunConfig) -> list[str]:
             "explorer.partial_rollout keeps the logprob each token was sampled with and the loss uses it; "
             "trainer.recompute_logprobs=true would replace them: set one of them to false"
         )
-    try:
-        engine = registry.resolve("engine", cfg.model.engine)
-    except (ValueError, ImportError, AttributeError):
+    try:  # the constructor's parameters, read without importing a built-in engine (torch)
+        takes = registry.signature("engine", cfg.model.engine).parameters
+    except (ValueError, ImportError, AttributeError, TypeError):
         return problems  # reported by the model checks
-    takes = inspect.signature(engine).parameters
     if e.partial_rollout and "partial_rollout" not in takes:
         problems.append(
             f"explorer.partial_rollout: engine {cfg.model.engine!r} takes no partial_rollout argument "

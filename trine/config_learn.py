@@ -210,7 +210,7 @@ class TrainerConfig(Section):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
     lora: LoraConfig | None = None
-    """Train LoRA adapters (``peft``; ``pip install 'trine[lora]'``) instead of every weight. The
+    """Train LoRA adapters (``peft``; ``pip install -e ".[lora]"``) instead of every weight. The
     reference model is the policy with its adapters disabled (no second copy); rollout engines and
     checkpoints get the merged weights, checkpoints also the adapter (``<checkpoint>/adapter``)."""
     fsdp: bool = False

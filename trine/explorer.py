@@ -423,6 +423,9 @@ class Explorer:
             else 0.0,
             "time/explore_seconds": seconds,
         }
+        pending = sum(e.reward is None for e in exps)
+        if pending:  # delayed rewards (human feedback, an external judge): not in reward_mean yet
+            m["explorer/reward_pending"] = float(pending)
         turns = [e.info["turns"] for e in exps if "turns" in e.info and e.info.get("last_step", True)]
         if turns:  # multi-turn trajectories (one experience each, or the last of their turns)
             m["explorer/turns_mean"] = statistics.fmean(turns)

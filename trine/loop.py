@@ -14,6 +14,7 @@ from typing import Any
 
 from trine import build, modes, preflight
 from trine.config import RunConfig
+from trine.monitor.summary import track_step
 from trine.roles import Stage
 from trine.rundir import RunDir
 from trine.status import check_stop
@@ -37,6 +38,7 @@ def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[
         for index, cfg in enumerate(stages):
             if index < rd.resume_at():
                 continue
+            print(f"[{cfg.stage}] stage {index + 1}/{len(stages)}: mode {cfg.mode}, building ...", flush=True)
             stage = build.build_stage(cfg, rd.model, rd.tokenizer, rd.path, part, source)
             rd.restore(stage, index)
             try:
@@ -61,6 +63,7 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
     cfg = st.cfg
     record = rd.summary["stages"].setdefault(cfg.stage, {"seconds": 0.0})
     if st.step == 0 and cfg.eval.at_start and st.evaluator:
+        print(f"[{cfg.stage}] evaluating step {rd.step} on {st.evaluator.plan()} ...", flush=True)
         record["eval_start"] = st.evaluator.evaluate(rd.step, rd.monitor)
         rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
     tick = time.perf_counter()
@@ -74,6 +77,7 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
         now = time.perf_counter()
         metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
         record["seconds"] += now - tick
+        track_step(record, metrics, st.total_steps)
         if getattr(st.source, "ended", None):  # a buffer source ran dry (tasks.source: buffer)
             record["ended"] = st.source.ended
         rd.monitor.log(metrics, rd.step)

@@ -1,13 +1,19 @@
 """Extension by name or import path.
 
-Each pluggable kind has one explicit ``dict[str, ...]`` of built-ins, living in its own package
+Each pluggable kind has one explicit table of built-ins, living in its own package
 (``trine.workflows.WORKFLOWS``, ``trine.rewards.REWARDS``, ...). This module only *looks them up*,
 lazily, so that importing it is free. Anything that is not a built-in is given as
 ``"package.module:attr"`` or registered from a user file loaded with ``--plugin path.py``.
+
+A kind whose built-ins import heavy libraries (torch, transformers, sqlalchemy) declares its table as
+a :class:`Table` of import paths: each entry is imported the first time it is looked up, so checking a
+name (``trine validate``) imports nothing, and :func:`signature` reads a built-in's parameters from
+its source until its module is imported anyway.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import importlib
@@ -15,7 +21,8 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Iterator
+from collections import ChainMap
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -38,6 +45,34 @@ BUILTINS: dict[str, str] = {
 }
 
 _extra: dict[str, dict[str, Any]] = {}
+
+
+class Table(Mapping[str, Any]):
+    """A table of built-ins given as import paths (``{"grpo": "trine.algorithms.advantages:grpo_advantages"}``),
+    each imported the first time it is looked up: ``name in table`` and listing the names import nothing."""
+
+    def __init__(self, paths: dict[str, str]):
+        self.paths = dict(paths)
+        """Name -> ``"package.module:attr"``."""
+        self._loaded: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._loaded:
+            self._loaded[name] = _import(self.paths[name])  # a KeyError for an unknown name
+        return self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.paths
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __repr__(self) -> str:
+        return f"Table({self.paths!r})"
+
 
 NO_IMPORTS_ENV = "TRINE_NO_IMPORTS"
 """Environment variable: when set (to a reason), import paths are refused in this process as under
@@ -70,13 +105,16 @@ def _refusal(what: str, reason: str, valid: list[str] | None = None) -> str:
     )
 
 
-def builtins(kind: str) -> dict[str, Any]:
-    """The built-ins of ``kind`` plus anything registered by plugins."""
+def builtins(kind: str) -> Mapping[str, Any]:
+    """The built-ins of ``kind`` plus anything registered by plugins (which win), by name. Looking up a
+    name imports only that entry (see :class:`Table`); listing the names imports none."""
+    return ChainMap(dict(_extra.get(kind, {})), _table(kind))
+
+
+def _table(kind: str) -> Mapping[str, Any]:
     if kind not in BUILTINS:
         raise KeyError(f"unknown plugin kind {kind!r}; expected one of {sorted(BUILTINS)}")
-    found = dict(_import(BUILTINS[kind]))
-    found.update(_extra.get(kind, {}))
-    return found
+    return _import(BUILTINS[kind])
 
 
 def register(kind: str, name: str):
@@ -140,12 +178,87 @@ def unknown_message(kind: str, name: str, table: dict[str, Any]) -> str:
 
 
 def check(kind: str, name: str) -> str | None:
-    """None if ``name`` resolves, else the error message (used by config validation)."""
+    """None if ``name`` resolves, else the error message (used by config validation). A built-in or
+    plugin name is found in its table without importing it; an import path is imported."""
+    if name in builtins(kind):
+        return None
     try:
         resolve(kind, name)
     except ValueError as err:
         return str(err)
     return None
+
+
+def signature(kind: str, name: str) -> inspect.Signature:
+    """The call signature of the ``kind`` called ``name`` (a class: its constructor's), for checking
+    arguments. A :class:`Table` built-in whose module is not imported yet is read from its source (the
+    parameters' names, kinds and defaults; no annotations), so the check imports nothing; anything else
+    is resolved and inspected. Raises ValueError for an unknown name, as :func:`resolve` does."""
+    table = _table(kind)
+    if isinstance(table, Table) and name in table and name not in _extra.get(kind, {}):
+        found = _source_signature(table.paths[name])
+        if found is not None:
+            return found
+    return inspect.signature(resolve(kind, name))
+
+
+def _source_signature(path: str) -> inspect.Signature | None:
+    """The signature of the top-level function or class (its ``__init__``) at ``path``, read with
+    ``ast`` from the module's file; None when the module is already imported (inspect it) or the
+    definition is not a plain one (decorated, generated, a class without its own ``__init__``)."""
+    module_name, _, attr = path.partition(":")
+    if module_name in sys.modules:
+        return None
+    spec = importlib.util.find_spec(module_name)  # imports the parent packages only
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    node = next((n for n in tree.body if getattr(n, "name", None) == attr), None)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list:
+        return _signature_of(node.args)
+    if isinstance(node, ast.ClassDef) and not node.decorator_list and not node.keywords:
+        own = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+        init = own.get("__init__")
+        if init is not None and "__new__" not in own and not init.decorator_list:
+            return _signature_of(init.args, skip_self=True)
+    return None
+
+
+def _signature_of(args: ast.arguments, skip_self: bool = False) -> inspect.Signature:
+    P = inspect.Parameter
+    positional = [*args.posonlyargs, *args.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    params = [
+        P(
+            a.arg,
+            P.POSITIONAL_ONLY if i < len(args.posonlyargs) else P.POSITIONAL_OR_KEYWORD,
+            default=_value(d),
+        )
+        for i, (a, d) in enumerate(zip(positional, defaults))
+    ]
+    if args.vararg:
+        params.append(P(args.vararg.arg, P.VAR_POSITIONAL))
+    params += [P(a.arg, P.KEYWORD_ONLY, default=_value(d)) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    if args.kwarg:
+        params.append(P(args.kwarg.arg, P.VAR_KEYWORD))
+    return inspect.Signature(params[1:] if skip_self else params)
+
+
+def _value(node: ast.expr | None) -> Any:
+    """A default as written in the source: its value when it is a literal, else its source text."""
+    if node is None:
+        return inspect.Parameter.empty
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError):
+        return _Source(ast.unparse(node))
+
+
+class _Source(str):
+    """A default that is not a literal, shown as its source text (``torch.float32``)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def check_arguments(

@@ -407,6 +407,11 @@ class Evaluator:
     table_rows: int = 8
     """Rollouts per taskset sent to the monitor as the table ``eval/<taskset>/samples``."""
 
+    def plan(self) -> str:
+        """What an evaluation runs, for the console: ``addition (100 tasks × 8 samples + greedy)``."""
+        draws = " + ".join([f"{self.k} sample{'s' if self.k > 1 else ''}"] + ["greedy"] * self.greedy)
+        return ", ".join(f"{ts.name} ({len(ts)} tasks × {draws})" for ts in self.tasksets)
+
     def evaluate(self, step: int, monitor: Any = None) -> dict[str, float]:
         """Metrics of every eval taskset at global ``step``; a few rollouts (prompt, response,
         reward) go to ``monitor`` as a table when one is given."""

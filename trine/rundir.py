@@ -5,8 +5,9 @@ last checkpoint when resuming) and the monitor; ``save``/``restore`` checkpoint 
 stage (:meth:`trine.roles.Stage.state_dict` / :func:`restore_stage`: what a checkpoint holds besides
 the weights);
 ``finish``/``interrupted``/``fail`` record how the run ended in ``status.json`` (see
-:mod:`trine.status`: pid, host and a heartbeat while it runs) so that a directory whose run failed
-or died says so.
+:mod:`trine.status`: pid, host, torch threads and a heartbeat while it runs) so that a directory whose run
+failed or died says so. Each checkpoint records the torch threads too: a run resumed with another count
+says so (CPU results can depend on it, :mod:`trine.threads`).
 
 Resuming rewinds the records to the checkpoint: the lines of ``metrics.jsonl`` and
 ``rollouts.jsonl`` written after it (by the timeline that crashed or was killed) are moved to
@@ -50,21 +51,21 @@ class RunDir:
     state: dict[str, Any] = field(default_factory=dict)
     trainer_state: dict[str, Any] = field(default_factory=dict)
     heartbeat: Heartbeat | None = None
+    threads: int = 0
+    """The torch threads this process runs with (:func:`trine.threads.use_threads`), recorded in
+    ``status.json`` and in each checkpoint."""
 
     @classmethod
     def open(cls, stages: list[RunConfig], load_policy: Callable[..., tuple[Any, Any]]) -> RunDir:
         """Continue (or start) the run directory of ``stages``; when its last checkpoint says every
-        stage is done, nothing is loaded or written (check :attr:`done`). ``load_policy(cfg, path=...)``
-        loads the model and tokenizer (from the checkpoint's directory when resuming)."""
-        import torch
-
+        stage is done, nothing is loaded or written (check :attr:`done`). ``load_policy(cfg, path=...,
+        say=...)`` loads the model and tokenizer (from the checkpoint's directory when resuming), saying so."""
         from trine.monitor import build_monitor
+        from trine.threads import resumed_note, say_now, use_threads
         from trine.trainer.checkpoint import list_checkpoints, load_states
 
         first = stages[0]
         path = Path(first.run_dir) if first.run_dir else Path("runs") / first.name
-        if first.num_threads:
-            torch.set_num_threads(first.num_threads)
         found = list_checkpoints(path / "checkpoints") if first.resume else []
         checkpoint = found[-1] if found else None
         trainer_state, state = load_states(checkpoint) if checkpoint else ({}, {})
@@ -76,13 +77,19 @@ class RunDir:
                 write_status(path, "finished", step=step, reason="the last checkpoint completed every stage")
             return rd
         rd.trainer_state = trainer_state
+        rd.threads = use_threads(first.num_threads)
+        if checkpoint is not None and (
+            note := resumed_note(state.get("threads"), rd.threads, checkpoint.name)
+        ):
+            say_now(note)
         path.mkdir(parents=True, exist_ok=True)
         config = _resolved_config(stages, path)
         (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         rewind_records(path, state)
-        rd.heartbeat = Heartbeat(path, step)
+        rd.heartbeat = Heartbeat(path, step, about={"threads": rd.threads})
         try:
-            rd.model, rd.tokenizer = load_policy(first, path=str(checkpoint) if checkpoint else None)
+            say(f"run {first.name}: {_plan(stages)} in {path}")
+            rd.model, rd.tokenizer = load_policy(first, path=str(checkpoint) if checkpoint else None, say=say)
             totals = [s.tasks.total_steps for s in stages]
             rd.monitor = build_monitor(
                 first.monitor.sinks,
@@ -131,6 +138,7 @@ class RunDir:
                 "global_step": self.step,
                 "stage_done": done,
                 "summary": self.summary,
+                "threads": self.threads,
                 "records": {n: (self.path / n).stat().st_size for n in RECORDS if (self.path / n).is_file()},
             }
             from trine.trainer.policy import own_weights
@@ -195,6 +203,20 @@ def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, 
 
         ref.load_state_dict(load_file(str(Path(path) / "ref_model" / "model.safetensors")), strict=False)
     stage.load_state_dict(state)
+
+
+def say(text: str) -> None:
+    """A progress line on the console (what the run is doing before its first step line)."""
+    print(text, flush=True)
+
+
+def _plan(stages: list[RunConfig]) -> str:
+    """``sft (train, 200 steps) → grpo (sync, 300 steps)``; one stage: ``sync, 300 steps``."""
+
+    def what(s: RunConfig) -> str:
+        return s.mode + (f", {s.tasks.total_steps} steps" if s.tasks.total_steps else "")
+
+    return what(stages[0]) if len(stages) == 1 else " → ".join(f"{s.stage} ({what(s)})" for s in stages)
 
 
 def _resolved_config(stages: list[RunConfig], path: Path) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """``status.json``: how a run stands, written by the run and read by ``trine status``.
 
-A live run writes ``{"state": "running", "pid", "host", "started_at", "heartbeat", "step"}`` and
+A live run writes ``{"state": "running", "pid", "host", "started_at", "threads", "heartbeat", "step"}`` and
 refreshes ``heartbeat`` from a daemon thread every :data:`HEARTBEAT_SECONDS` (and ``step`` at every
 step); it ends with ``finished``, ``stopped`` (``stop_after_steps`` or Ctrl-C, with a ``reason``) or
 ``failed`` (with the error). A run killed outright (kill -9, out of memory, a lost machine) leaves
@@ -39,13 +39,25 @@ def write_status(run_dir: Path, state: str, **details: Any) -> None:
 
 class Heartbeat:
     """The status of the run in this process: ``running`` with pid, host, step and a heartbeat, until
-    :meth:`end` records how it ended. ``interval`` is the heartbeat period in seconds."""
+    :meth:`end` records how it ended. ``interval`` is the heartbeat period in seconds; ``about``: more
+    that every write records about the process (its torch ``threads``)."""
 
-    def __init__(self, run_dir: Path, step: int, interval: float = HEARTBEAT_SECONDS):
+    def __init__(
+        self,
+        run_dir: Path,
+        step: int,
+        interval: float = HEARTBEAT_SECONDS,
+        about: dict[str, Any] | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.step = step
         self.interval = interval
-        self.identity = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": _now()}
+        self.identity = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": _now(),
+            **(about or {}),
+        }
         self._lock = threading.Lock()
         self._ended = threading.Event()
         self.beat(step)

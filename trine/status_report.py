@@ -10,8 +10,9 @@ writing anything:
   last ``trainer/version`` (else the newest published one), the version an explorer last explored
   with (``explorer/version``), and the explorer's lag behind the trainer (trainer − explorer);
 - the buffer's depth by a counting query on the run's SQL buffer (opened as ``trine buffer`` opens it:
-  the ``buffer`` section of the run's ``config.yaml``): ready, pending, stale (dropped), trained,
-  rolled back, and explored batches not taken yet;
+  the ``buffer`` section of the run's ``config.yaml``): rows by state (:mod:`trine.buffer.states`:
+  pending, ready, trained, stale, expired, rolled_back, the names ``trine buffer`` and the studio use),
+  and explored batches not taken yet;
 - the newest published weights version (``<run_dir>/weights``, :class:`~trine.sync.published.
   PublishedWeights`).
 """
@@ -51,23 +52,26 @@ class ProcessStatus:
 
 @dataclass
 class BufferDepth:
-    """Rows of a run's SQL buffer by status (all processes), and the explored batches not taken yet."""
+    """Rows of a run's SQL buffer by state (all processes; :mod:`trine.buffer.states`), and the
+    explored batches not taken yet."""
 
-    ready: int
     pending: int
+    ready: int
+    trained: int
     stale: int
     expired: int
-    """Pending rows whose reward did not come within ``buffer.pending_timeout``."""
-    trained: int
+    """Dropped: their reward did not come within ``buffer.pending_timeout``."""
     rolled_back: int
     batches_waiting: int
 
     def line(self) -> str:
-        """``48 ready, 0 pending, 16 stale (dropped), 112 trained`` (+ expired and rolled back rows
-        when there are any)."""
-        text = f"{self.ready} ready, {self.pending} pending, {self.stale} stale (dropped), {self.trained} trained"
-        text += f", {self.expired} expired (pending past the timeout)" if self.expired else ""
-        return text + (f", {self.rolled_back} rolled back" if self.rolled_back else "")
+        """``0 pending, 48 ready, 112 trained, 16 stale`` (+ expired and rolled_back rows when there
+        are any): each state by its name."""
+        from trine.buffer.states import EXPIRED, ROLLED_BACK, STATES
+
+        counts = asdict(self)
+        shown = [s for s in STATES if counts[s] or s not in (EXPIRED, ROLLED_BACK)]
+        return ", ".join(f"{counts[s]} {s}" for s in shown)
 
 
 @dataclass
@@ -265,13 +269,14 @@ def buffer_depth(run_dir: Path) -> tuple[BufferDepth | None, str]:
 
 
 def sql_depth(url: str, table_name: str) -> tuple[BufferDepth | None, str]:
-    """:class:`BufferDepth` of ``table_name`` at ``url``, counted as the buffer's own ``buffer/*``
-    metrics count (:func:`trine.buffer.sql_sampling.counts`) and as ``trine buffer stats`` counts
-    trained rows; read only (a SQLite file that does not exist yet is not created)."""
+    """:class:`BufferDepth` of ``table_name`` at ``url``, by the states ``trine buffer stats`` and the
+    studio count (:func:`trine.buffer.states.sql_state_counts`; ``ready`` and ``stale`` as the buffer's
+    own ``buffer/size`` and ``buffer/dropped_stale``); read only (a SQLite file that does not exist yet is not created)."""
     import sqlalchemy as sa
 
-    from trine.buffer.sql_sampling import batches_waiting, counts
-    from trine.buffer.sql_schema import DROPPED, ROLLED_BACK, build_batches_table, build_table
+    from trine.buffer.sql_sampling import batches_waiting
+    from trine.buffer.sql_schema import build_batches_table, build_table
+    from trine.buffer.states import STATES, sql_state_counts
 
     parsed = sa.make_url(url)
     sqlite = parsed.get_backend_name() == "sqlite"
@@ -282,25 +287,14 @@ def sql_depth(url: str, table_name: str) -> tuple[BufferDepth | None, str]:
         with engine.connect() as conn:
             tables = sa.inspect(conn)
             if not tables.has_table(table_name):
-                return BufferDepth(0, 0, 0, 0, 0, 0, 0), ""
+                return BufferDepth(**dict.fromkeys(STATES, 0), batches_waiting=0), ""
             t = build_table(sa.MetaData(), table_name)
-            c = counts(conn, t)
-
-            def total(cond: Any) -> Any:
-                return sa.func.coalesce(sa.func.sum(sa.case((cond, 1), else_=0)), 0)
-
-            stmt = sa.select(
-                total(t.c.consumed_at.is_not(None) & (t.c.reward_status != DROPPED)),
-                total((t.c.reward_status == ROLLED_BACK) & t.c.consumed_at.is_(None)),
-            )
-            trained, rolled_back = (int(n) for n in conn.execute(stmt).one())
+            counts = sql_state_counts(conn, t)
             b = build_batches_table(t.metadata, table_name)
             waiting = batches_waiting(conn, b) if tables.has_table(b.name) else 0
     except sa.exc.SQLAlchemyError as err:
         return None, f"unreadable ({type(err).__name__}: {str(err).splitlines()[0]})"
     finally:
         engine.dispose()
-    depth = BufferDepth(
-        c["size"], c["pending"], c["dropped_stale"], c["pending_expired"], trained, rolled_back, waiting
-    )
+    depth = BufferDepth(**counts, batches_waiting=waiting)
     return depth, ""

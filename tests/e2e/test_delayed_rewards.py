@@ -68,7 +68,7 @@ def test_rewards_from_another_process_arrive_later_and_training_learns(
     assert all(r["explorer/reward_mean"] is None for r in steps)  # no reward was known when sampled
     stored = read_rows(run_dir)
     assert len(stored) == 30 * 16 * 8
-    assert all(status == "consumed" and e.reward is not None for e, status in stored)  # graded, then trained
+    assert all(status == "trained" and e.reward is not None for e, status in stored)  # graded, then trained
     evals = [r[KEY] for r in rows if KEY in r]
     assert max(evals[1:]) - evals[0] >= DELAYED_LIFT, f"avg@8 {evals[0]:.2f} -> {evals[1:]}"
 

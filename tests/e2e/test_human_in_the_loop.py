@@ -144,10 +144,11 @@ def example(name: str, tmp_path: Path, model: Path, edit: Callable[[dict], None]
 
 
 def test_live_ratings_become_the_rewards_the_run_trains_on(tmp_path, tiny_model_dir):
-    def small(data: dict) -> None:  # 2 prompts x 2 answers, 2 steps
+    def small(data: dict) -> None:  # 2 prompts x 2 answers, 2 steps; the console as the example has it
         data["tasks"].update(batch_size=2, total_steps=2)
         data["tasks"]["train"]["repeat"] = 2
         data["buffer"]["get_timeout"] = 120
+        data["monitor"]["sinks"] = ["console", "jsonl"]
 
     answers = live_run(example("rate", tmp_path, tiny_model_dir, small), tmp_path, "rate", rating)
     run_dir = tmp_path / "rate"
@@ -167,6 +168,17 @@ def test_live_ratings_become_the_rewards_the_run_trains_on(tmp_path, tiny_model_
         assert item.answer == {"rating": answers[item.id]["rating"]}
     steps = [r for r in read_metrics(run_dir) if "trainer/loss" in r]
     assert [r["step"] for r in steps] == [1, 2]
+    # the console shows the ratings people gave (the explored batch's rewards were all pending: NaN)
+    assert all(r["explorer/reward_pending"] == 4 and r["explorer/reward_mean"] is None for r in steps)
+    by_step: dict[int, list[float]] = {}
+    for e in trained:
+        by_step.setdefault(e.policy_version + 1, []).append(e.reward)
+    log = (tmp_path / "rate.log").read_text()
+    for r in steps:
+        assert r["trainer/reward_mean"] == pytest.approx(sum(by_step[r["step"]]) / len(by_step[r["step"]]))
+        shown = re.search(rf"\[main\] step {r['step']}/2 \| reward ([0-9.]+) \|", log)
+        assert shown and float(shown.group(1)) == pytest.approx(r["trainer/reward_mean"], abs=5e-3), log
+    assert "reward nan" not in log, log
 
 
 def stored(db: Path, table: str) -> list[Any]:

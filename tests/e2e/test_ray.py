@@ -159,3 +159,30 @@ def test_a_resource_request_no_node_can_grant_is_refused_before_anything_starts(
     assert "asks for 1 GPUs" in out and "has 0" in out, out
     assert "explorer_cpus" in out, out  # the fix names the setting
     assert not (tmp_path / "toobig" / "metrics.jsonl").exists()
+
+
+def test_a_ray_run_shows_rewards_and_ends_with_the_summary_like_the_other_modes(arithmetic_config, tmp_path):
+    """The trainer actor's step lines show the reward of the batch it trained on (its explorers are other
+    actors), each explorer actor prints a line per batch, and the driver ends with the summary table and
+    the run directory, as ``trine run`` does in the other modes."""
+    cfg = arithmetic_config(
+        {
+            "mode": "async",
+            "num_threads": 1,
+            "cluster": {"backend": "ray", "num_cpus": 2},
+            "buffer": {"storage": "sql", "max_staleness": 1},
+            "sync": {"wait_timeout": 180},
+            "tasks": {"batch_size": 2, "total_steps": 3, "train": {"repeat": 2}},
+            "monitor": {"sinks": ["console", "jsonl"], "plot": False},
+        },
+        name="story",
+    )
+    proc = _trine("run", str(cfg))
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out
+    assert len(re.findall(r"\[main\] step \d/3 \| reward \d", out)) == 3, out
+    assert "explorer-0 batch 1 | weights v0 | reward " in out, out
+    table = out[out.index("Trine run summary") :]
+    assert out.rindex("[main] step 3/3") < out.index("Trine run summary"), out  # the table ends the run
+    assert "reward (mean of 1 step)" in table and "steps" in table, out
+    assert f"run directory: {tmp_path / 'story'}" in table, out

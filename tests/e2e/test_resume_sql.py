@@ -33,7 +33,7 @@ def _consumed(run_dir) -> Counter:
     return Counter(
         (e.info["batch"], e.task_id, tuple(e.tokens))
         for e, status in read_rows(run_dir)
-        if status == "consumed"
+        if status == "trained"
     )
 
 
@@ -47,7 +47,7 @@ def test_crash_between_checkpoints_resumes_bit_identical(arithmetic_config, tmp_
     assert json.loads((tmp_path / "crashed" / "status.json").read_text())["state"] == "failed"
     assert sorted(p.name for p in (tmp_path / "crashed" / "checkpoints").iterdir()) == ["step_2"]
     before = read_rows(tmp_path / "crashed")
-    assert {s for _, s in before} == {"consumed", "ready"}  # batch 3 consumed, batch 4 ready in the table
+    assert {s for _, s in before} == {"trained", "ready"}  # batch 3 trained, batch 4 ready in the table
     assert {e.info["batch"] for e, s in before if s == "ready"} == {3}
 
     run(load_config(crashed))  # the same run directory: resumes from step_2
@@ -64,7 +64,7 @@ def test_crash_between_checkpoints_resumes_bit_identical(arithmetic_config, tmp_
     )
     assert set(explored_twice) == {2, 3}  # the crashed timeline's batches 3 and 4 (indices 2, 3)
     assert statuses == {
-        "consumed": sum(_consumed(tmp_path / "full").values()),
+        "trained": sum(_consumed(tmp_path / "full").values()),
         "rolled_back": sum(explored_twice.values()),
     }
     # nothing consumed twice: the resumed timeline took exactly what the uninterrupted run took

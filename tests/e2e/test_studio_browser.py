@@ -208,7 +208,8 @@ def test_fix_a_config_error(page, studio):
     page.goto(f"{url}/#/config?template=run:arithmetic")
     validity = page.locator("#validity")
     expect(validity).to_have_attribute("data-ok", "true")
-    expect(page.locator("#start")).to_be_enabled()  # the template's run name + "-copy"
+    expect(page.locator("#start")).to_be_enabled()
+    expect(page.locator("#run-name")).to_have_value("arithmetic-2")  # a fresh name, not the template's
     lines = page.input_value("#yaml").split("\n")
     line = next(i for i, s in enumerate(lines) if s.strip().startswith("lr:")) + 1
     good = lines[line - 1].split(":", 1)[1].strip()
@@ -225,6 +226,12 @@ def test_fix_a_config_error(page, studio):
     expect(validity).to_have_attribute("data-ok", "true")
     expect(page.locator(".gutter .ln.err")).to_have_count(0)
     expect(page.locator("#start")).to_be_enabled()
+    page.fill("#run-name", "arithmetic")  # the template's own run: refused, with a free name to use
+    page.click("#start")
+    refusal = page.locator(".start-result .error-box")
+    expect(refusal).to_contain_text("already exists")
+    expect(refusal).to_contain_text("e.g. 'arithmetic-2'")
+    expect(page.locator("#started-link")).to_have_count(0)
 
 
 def test_answer_an_annotation_batch_reaches_the_buffer(page, studio):
@@ -236,6 +243,9 @@ def test_answer_an_annotation_batch_reaches_the_buffer(page, studio):
     expect(page.locator("#annotator-name")).to_have_text("tess")
     page.click("#get-batch")
     expect(page.locator(".item")).to_have_count(2)
+    prompt = page.locator('.item[data-kind="pair"] .prompt')  # the chat, role by role, no template markup
+    expect(prompt.locator('.message[data-role="user"]')).to_have_count(1)
+    expect(prompt).not_to_contain_text("<|im_start|>")
     page.click('.item[data-kind="pair"] button[data-choice="b"]')
     expect(page.locator("#submit-batch")).to_contain_text("1/2")
     page.click('.item[data-kind="rate"] button[data-rating="4"]')

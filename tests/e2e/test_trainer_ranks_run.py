@@ -143,6 +143,6 @@ def test_a_two_rank_trainer_process_learns_from_an_explorer_process(tmp_path, ti
     trained = [r for r in read_metrics(run_dir) if "trainer/loss" in r]
     assert [r["step"] for r in trained] == [1, 2, 3, 4] and all(r["trainer/batch_size"] == 8 for r in trained)
     assert [r["step"] for r in read_metrics(run_dir / "ranks" / "1") if "trainer/loss" in r] == [1, 2, 3, 4]
-    consumed = [e for e, status in read_rows(run_dir) if status == "consumed"]
+    consumed = [e for e, status in read_rows(run_dir) if status == "trained"]
     assert len(consumed) == 4 * 8 and len({e.id for e in consumed}) == 32  # each experience trained once
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"

@@ -85,6 +85,7 @@ def buffer_rows(run_dir: Path, storage: str, table: str) -> list[tuple[tuple, st
 
         from trine.buffer.sql import normalize_url
         from trine.buffer.sql_schema import build_table, row_to_experience
+        from trine.buffer.states import sql_state
 
         engine = sa.create_engine(normalize_url(PG_URL))
         t = build_table(sa.MetaData(), table)
@@ -92,7 +93,8 @@ def buffer_rows(run_dir: Path, storage: str, table: str) -> list[tuple[tuple, st
             rows = conn.execute(sa.select(t).order_by(t.c.seq)).fetchall()
         engine.dispose()
         found = [
-            (row_to_experience(r), "consumed" if r.consumed_at is not None else r.reward_status) for r in rows
+            (row_to_experience(r), sql_state(r.reward_status, r.consumed_at, r.expired_at, r.reward))
+            for r in rows
         ]
     else:
         from trine.buffer.inspect import read_rows
@@ -184,9 +186,9 @@ def test_kill_9_then_resume_leaves_clean_records(storage, tmp_path, tiny_model_d
         buffer_rows(run_dir, storage, tables["killed"]),
     )
     if before is not None:
-        consumed = Counter(key for key, s in after if s == "consumed")
-        assert consumed == Counter(key for key, s in before if s == "consumed")  # none lost, none twice
-        assert {s for _, s in after} <= {"consumed", "rolled_back"}  # nothing left behind as ready
+        consumed = Counter(key for key, s in after if s == "trained")
+        assert consumed == Counter(key for key, s in before if s == "trained")  # none lost, none twice
+        assert {s for _, s in after} <= {"trained", "rolled_back"}  # nothing left behind as ready
         assert all(key[0] >= saved for key, s in after if s == "rolled_back")  # only after the checkpoint
 
     # as if killed after its last checkpoint but before it wrote "finished"; a third run: nothing to do

@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 from tests.conftest import EXAMPLE, write_arithmetic_config
 from trine.cli import app
 from trine.config import load_config
-from trine.modes.bench import BENCH_FILE, BenchError, bench, eval_settings, read_bench
+from trine.modes.bench import BENCH_FILE, BenchError, bench, eval_settings, read_bench, with_stage_starts
+from trine.monitor import read_metrics
+from trine.monitor.plot import stage_regions
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -95,7 +97,8 @@ def test_bench_reproduces_the_runs_eval_numbers_and_writes_only_its_files(finish
     assert result.plot == run_dir / "plots" / "bench.png" and result.plot.stat().st_size > 0
     after = _snapshot(run_dir)
     assert {k for k in after if after[k] != before.get(k)} == {BENCH_FILE, "plots/bench.png"}
-    assert said == [
+    assert said[0].startswith("threads: 1 (num_threads: 1; ")  # as the run: CPU results depend on it
+    assert said[1:] == [
         f"step {s} (stage main): evaluating {run_dir / 'checkpoints' / f'step_{s}'}" for s in (1, 2)
     ]
 
@@ -173,6 +176,39 @@ def test_each_checkpoint_is_benched_with_its_own_stages_eval_settings(tmp_path, 
     for row in result.rows:
         assert row.metrics == {k: v for k, v in logged[row.step].items() if k.startswith("eval/")}
     assert [x["settings"] for x in read_bench(tmp_path / "staged")] == [eval_settings(s) for s in stages]
+
+
+def test_the_plot_puts_the_stage_boundary_where_the_first_stage_ended(tmp_path, tiny_model_dir):
+    """examples/arithmetic in miniature: its sft stage ends at step 200 of 500 and checkpoints only at
+    stage ends (200, 500), so half-way between the checkpoints (350) is not the boundary. Here stage a
+    ends at step 1 and b checkpoints only its last step, 4: the boundary is 1.5 (after step 1), as on
+    the run's own plot, not 2.5."""
+    two = {
+        "stages": [
+            {"stage": "a", "tasks": {"total_steps": 1}},
+            {"stage": "b", "tasks": {"total_steps": 3}, "trainer": {"save_every": 0}, "eval": {"every": 0}},
+        ]
+    }
+    config = _run(tmp_path, tiny_model_dir, "sparse", two)
+    run_dir = tmp_path / "sparse"
+    result = bench(load_config(config), say=lambda _: None)
+    assert [(r.step, r.stage, r.stage_start) for r in result.rows] == [(1, "a", 0), (4, "b", 1)]
+    lines = read_bench(run_dir)
+    assert [x["stage_start"] for x in lines] == [0, 1]
+    assert stage_regions(lines) == [("a", 1, 1.5), ("b", 1.5, 4)]
+    assert stage_regions(read_metrics(run_dir / "metrics.jsonl")) == [("a", 1, 1.5), ("b", 1.5, 4)]
+    assert result.plot is not None and result.plot.stat().st_size > 0
+
+    # lines written before bench recorded stage_start: the checkpoints' rows fill it in for the plot
+    old = [{k: v for k, v in x.items() if k != "stage_start"} for x in lines]
+    assert stage_regions(old) == [("a", 1, 2.5), ("b", 2.5, 4)]  # the half-way guess of sparse points
+    (run_dir / BENCH_FILE).write_text("".join(json.dumps(x) + "\n" for x in old))
+    cached = bench(load_config(config), say=lambda _: None)
+    assert [(r.cached, r.stage_start) for r in cached.rows] == [(True, 0), (True, 1)]
+    assert stage_regions(with_stage_starts(read_bench(run_dir), cached.rows)) == [
+        ("a", 1, 1.5),
+        ("b", 1.5, 4),
+    ]
 
 
 def test_bench_command_prints_a_table_and_exits_2_on_bad_input(finished, tmp_path):

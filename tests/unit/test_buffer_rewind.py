@@ -212,13 +212,13 @@ def test_inspection_shows_rolled_back_rows_and_no_double_consumption(tmp_path, s
     rows = read_rows(_run_dir(tmp_path, storage))
     statuses = [(e.info["i"], s) for e, s in rows]
     assert statuses == [
-        (0, "consumed"),
-        (1, "consumed"),
+        (0, "trained"),
+        (1, "trained"),
         (2, "rolled_back"),
         (2, "rolled_back"),
-        (2, "consumed"),
+        (2, "trained"),
     ]
-    consumed = [e.id for e, s in rows if s == "consumed"]
+    consumed = [e.id for e, s in rows if s == "trained"]
     assert len(consumed) == len(set(consumed)) == 3
     assert [e.info["i"] for e, _ in read_rows(tmp_path, "rolled_back")] == [2, 2]
     if storage == "file":  # a rewound log imports without the rolled-back experiences

@@ -63,6 +63,7 @@ def test_check_json_output_parses_and_measures(tmp_path, tiny_model_dir):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["seed"] == 3 and report["dtype"] == "float32"
+    assert result.stderr.startswith("trine check: loads ") and "expect about" in result.stderr  # said first
     rows = {row["check"]: row for row in report["rows"]}
     plain = rows["engine vs trainer logprobs (plain)"]["data"]
     assert len(plain["per_turn_max_abs"]) == 2 and max(plain["per_turn_max_abs"]) < 1e-4

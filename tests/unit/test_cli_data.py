@@ -51,7 +51,7 @@ def test_stats_shows_counts_by_status_and_version_and_a_histogram(run_dir):
     assert result.exit_code == 0, result.output
     assert "8 experiences" in result.output
     lines = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 3}
-    assert lines["consumed"].split("│")[2].strip() == "4"
+    assert lines["trained"].split("│")[2].strip() == "4"
     assert lines["pending"].split("│")[2].strip() == "2"
     assert "reward histogram" in result.output and "█" in result.output
     assert "by trajectory status" in result.output  # stored with the rows: a real column
@@ -90,6 +90,64 @@ def test_reward_file_errors_name_the_line(run_dir, tmp_path):
     bad.write_text('{"reward": 1}\n')
     result = runner.invoke(app, ["buffer", "reward", str(run_dir), str(bad)])
     assert result.exit_code == 2 and "bad.jsonl:1" in result.output
+
+
+def test_reward_says_why_each_row_was_not_filled(run_dir, tmp_path):
+    rows = read_rows(run_dir)
+    ready = [e for e, s in rows if s == "ready"]
+    trained = [e for e, s in rows if s == "trained"]
+    pending = [e for e, s in rows if s == "pending"]
+    lines = [
+        {"id": ready[0].id, "reward": 1.0},
+        {"id": ready[1].id, "reward": 1.0},
+        {"id": trained[0].id, "reward": 1.0},
+        {"id": "no-such-id", "reward": 1.0},
+        {"task_id": "t99", "run_id": "r0", "reward": 1.0},
+        {"id": pending[0].id, "reward": 0.25},
+    ]
+    rewards = tmp_path / "rewards.jsonl"
+    rewards.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = runner.invoke(app, ["buffer", "reward", str(run_dir), str(rewards)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        f"filled 1 of 6 rewards in {run_dir}",
+        "not filled:",
+        "  2 not found: no experience with that id (or task_id and run_id) in the buffer: no-such-id, (t99, r0)",
+        f"  2 already has a reward (ready: waiting for the trainer): {ready[0].id}, {ready[1].id}",
+        f"  1 already has a reward and was trained: {trained[0].id}",
+    ]
+    again = runner.invoke(app, ["buffer", "reward", str(run_dir), str(rewards)])  # the same file twice
+    assert again.output.splitlines()[0] == f"filled 0 of 6 rewards in {run_dir}"
+    assert f"  3 already has a reward (ready: waiting for the trainer): {ready[0].id}, {ready[1].id}, " in (
+        again.output
+    )
+
+
+def test_reward_names_expired_rows_of_a_file_buffer(tmp_path):
+    """A file log (read by replaying it, not through SQL): a pending row dropped at its timeout."""
+    from trine.buffer.files import FileBuffer
+    from trine.buffer.sampling import SamplingRules
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "file"}}))
+    clock = [0.0]
+    buffer = FileBuffer(
+        tmp_path / "buffer.jsonl", rules=SamplingRules(pending_timeout=5.0), clock=lambda: clock[0]
+    )
+    late = Experience(tokens=[1, 2, 3], prompt_length=2, action_mask=[1], reward=None, task_id="t")
+    buffer.put([late])
+    clock[0] = 10.0
+    buffer.metrics()  # expires what is pending past the timeout
+    buffer.close()
+    assert [s for _, s in read_rows(tmp_path)] == ["expired"]
+    rewards = tmp_path / "r.jsonl"
+    rewards.write_text(json.dumps({"id": late.id, "reward": 1.0}) + "\n")
+    result = runner.invoke(app, ["buffer", "reward", str(tmp_path), str(rewards)])
+    assert result.exit_code == 0, result.output
+    assert "filled 0 of 1" in result.output
+    assert (
+        f"  1 expired: its reward did not come within buffer.pending_timeout, so it was dropped: {late.id}"
+        in (result.output)
+    )
 
 
 def test_export_and_import_round_trip(run_dir, tmp_path):
@@ -136,14 +194,34 @@ def test_tasks_process_runs_the_task_pipeline(tmp_path):
     assert [r["answer"] for r in rows] == ["2", "\\frac{1}{2}"]
 
 
-def test_memory_buffer_runs_say_what_they_cannot_show(tmp_path):
+def test_memory_buffer_runs_print_only_the_note_when_nothing_was_kept(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "memory"}}))
     for command in (["stats"], ["head"], ["export", str(tmp_path / "out.jsonl")]):
         result = runner.invoke(app, ["buffer", *command[:1], str(tmp_path), *command[1:]])
         assert result.exit_code == 0, result.output
+        assert result.stdout == "", command  # no empty tables, no "wrote 0 experiences"
         assert "kept its buffer in memory" in result.stderr, command
-        assert "only the 0 not yet trained (it has no checkpoint yet)" in result.stderr
+        assert "it has no checkpoint yet" in result.stderr and "none can be shown" in result.stderr
         assert "buffer.storage: sql" in result.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_head_of_a_finished_memory_buffer_run_is_the_note_alone(tmp_path, tiny_model_dir):
+    """A real run with the default in-memory buffer: its last checkpoint holds nothing untrained, so
+    ``trine buffer head`` prints the note (what is kept, how to keep every experience) and no table."""
+    from tests.conftest import write_arithmetic_config
+    from trine.config import load_config
+    from trine.loop import run
+
+    small = {"tasks": {"batch_size": 2, "total_steps": 1, "train": {"repeat": 2}}, "num_threads": 1}
+    run(load_config(write_arithmetic_config(tmp_path, tiny_model_dir, "mem", small)))
+    result = runner.invoke(app, ["buffer", "head", str(tmp_path / "mem")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    note = result.stderr
+    assert note.startswith(f"note: {tmp_path / 'mem'} kept its buffer in memory"), note
+    assert "its last checkpoint holds no experience that was not trained yet, so none can be shown" in note
+    assert "run with buffer.storage: sql (or file)" in note and "┃" not in note
 
 
 def test_persistent_buffer_runs_print_no_memory_note(run_dir):
@@ -191,7 +269,7 @@ def test_buffer_commands_open_the_table_the_run_used(tmp_path):
     assert result.exit_code == 0, result.output
     assert "3 experiences" in result.output
     lines = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 3}
-    assert [lines[s].split("│")[2].strip() for s in ("consumed", "ready", "pending")] == ["1", "1", "1"]
+    assert [lines[s].split("│")[2].strip() for s in ("trained", "ready", "pending")] == ["1", "1", "1"]
 
     result = runner.invoke(app, ["buffer", "head", str(tmp_path), "-n", "5"])
     assert result.exit_code == 0, result.output

@@ -312,3 +312,32 @@ def test_partial_rollout_goes_on_under_new_weights_loaded_between_two_tokens(par
             assert torch.allclose(got[sel], by_version[v][sel], atol=1e-4)  # sampled with those weights
         later = torch.tensor(versions) == 1
         assert (by_version[0][later] - by_version[1][later]).abs().max() > 1e-2  # and they do differ
+
+
+def test_sampling_passes_the_kv_cache_under_the_name_transformers_takes(engine, model, tokenizer):
+    """No FutureWarning from transformers (``past_key_values`` renamed ``cache``) while sampling: the
+    engine passes the cache under the name the model's forward declares; older signatures keep the old name."""
+    import inspect
+    import warnings
+
+    from trine.models.kv_cache import cache_kwargs
+
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    assert list(cache_kwargs(model, object())) == [name]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.generate_batch(
+            [(p, SamplingParams(temperature=1.0, max_tokens=5, n=2)) for p in prompts(tokenizer)]
+        )
+    assert not [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+    class OldForward(torch.nn.Module):  # a remote-code model or an older transformers release
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return None
+
+    class Wrapped:  # PEFT forwards keywords to its base model
+        def get_base_model(self):
+            return OldForward()
+
+    assert list(cache_kwargs(OldForward(), 1)) == ["past_key_values"]
+    assert list(cache_kwargs(Wrapped(), 1)) == ["past_key_values"]

@@ -135,6 +135,21 @@ def test_bad_workflows_are_skipped_and_counted_while_good_tasks_come_back(engine
     ]
 
 
+def test_pending_rewards_are_counted_not_averaged(engine):
+    """Deferred rewards (human feedback, an external judge) leave ``reward_mean`` NaN (nothing scored yet)
+    and are counted in ``explorer/reward_pending``, which the console shows instead of a NaN reward."""
+    explorer = Explorer(engine)
+    try:
+        _, pending = explorer.explore(
+            [task("later", repeat=3, workflow_args={"defer_reward": True})], batch_index=0, version=0
+        )
+        _, scored = explorer.explore([task("now", repeat=2)], batch_index=1, version=0)
+    finally:
+        explorer.close()
+    assert pending["explorer/reward_pending"] == 3.0 and math.isnan(pending["explorer/reward_mean"])
+    assert "explorer/reward_pending" not in scored and 0.0 <= scored["explorer/reward_mean"] <= 1.0
+
+
 def test_a_retry_that_succeeds_is_not_skipped(engine):
     class FlakyWorkflow:
         calls = 0

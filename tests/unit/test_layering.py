@@ -37,6 +37,7 @@ BASE = {
     "config_base",
     "config_checks",
     "config_cluster",
+    "config_extras",
     "config_format",
     "config_learn",
     "config_overrides",
@@ -49,6 +50,7 @@ BASE = {
     "tools",
     "feedback",
     "sqlstore",
+    "threads",
 }
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
 ENTRY_POINTS = {

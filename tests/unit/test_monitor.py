@@ -110,6 +110,22 @@ def test_console_plain_lines_on_non_tty():
     assert all(len(line) <= 120 for line in lines)
 
 
+def test_console_reward_is_the_trained_batchs_where_the_explorer_has_none():
+    """A trainer process (launch: processes, Ray, serve) has no explorer metrics: its line shows the reward
+    of the batch it trained on; pending rewards (human feedback) show as such, never as ``reward nan``."""
+    sink = ConsoleSink(total_steps=10, file=io.StringIO())
+    trained = {"trainer/reward_mean": 0.25, "trainer/loss": 0.5}
+    assert sink.format_line(trained, 3).startswith("step 3/10 | reward 0.25 | loss 0.5 |")
+    nan = {"explorer/reward_mean": math.nan, "explorer/reward_pending": 16.0}
+    assert sink.format_line({**nan, **trained}, 3).startswith("step 3/10 | reward 0.25 | loss 0.5 |")
+    assert sink.format_line({**nan, "trainer/loss": 0.5}, 3).startswith(
+        "step 3/10 | reward pending 16 | loss"
+    )
+    both = {"explorer/reward_mean": 0.75, **trained}  # one process: the explored batch's, as before
+    assert sink.format_line(both, 3).startswith("step 3/10 | reward 0.75 | loss 0.5 |")
+    assert "reward" not in sink.format_line({"trainer/loss": 0.5}, 3)  # SFT: no reward at all
+
+
 def test_console_keys_globs_and_every():
     out = io.StringIO()
     sink = ConsoleSink(total_steps=None, keys=["trainer/*"], every=2, file=out)
@@ -323,3 +339,33 @@ def test_stage_regions_give_a_shared_step_to_the_earlier_stage():
         {"step": s, "stage": "grpo"} for s in (2, 3, 4)
     ]
     assert stage_regions(records) == [("sft", 1, 2.5), ("grpo", 2.5, 4)]
+
+
+def test_the_summary_shows_what_a_stage_without_eval_trained():
+    """No eval taskset: the table's rows are the stage's reward and loss (mean of the first window → mean of
+    the last) and its steps, never an empty ``- - -`` row; a stage with an eval shows its eval as before."""
+    from trine.monitor.summary import print_summary, summary_rows, track_step
+
+    record: dict = {"seconds": 12.5}
+    for step in range(20):  # windows of 10: steps 0-9 and 10-19
+        reward = {"trainer/reward_mean": step / 20} if step % 2 else {"explorer/reward_mean": step / 20}
+        track_step(record, {**reward, "explorer/reward_pending": 3.0, "trainer/loss": 1.0 - step / 40}, 20)
+    track_step(record, {"explorer/reward_mean": math.nan, "trainer/loss": math.nan}, 20)  # pending: skipped
+    assert summary_rows(record) == [
+        ("reward (mean of 10 steps)", "0.225", "0.725"),
+        ("loss (mean of 10 steps)", "0.887", "0.637"),
+        ("steps", "0", "21"),
+    ]
+    short: dict = {}
+    for step in range(3):  # 3 steps: windows of 1, the first and the last step
+        track_step(short, {"trainer/loss": float(step)}, 3)
+    assert summary_rows(short) == [("loss (mean of 1 step)", "0", "2"), ("steps", "0", "3")]
+    evaluated = {"eval_start": {"eval/a/accuracy": 0.25}, "eval_end": {"eval/a/accuracy": 0.5}, **short}
+    assert summary_rows(evaluated) == [("eval/a/accuracy", "25.0%", "50.0%")]
+    assert summary_rows({"seconds": 0.0}) == [("-", "-", "-")]  # a stage that ran no step
+
+    out = io.StringIO()
+    print_summary({"run_dir": "runs/x", "stages": {"main": record, "sft": evaluated}}, file=out)
+    text = out.getvalue()
+    assert "Trine run summary" in text and "reward (mean of 10 steps)" in text and "25.0%" in text
+    assert "12.5" in text and text.rstrip().endswith("run directory: runs/x")

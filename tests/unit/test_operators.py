@@ -354,7 +354,7 @@ def test_data_juicer_operator_filters_and_dedups_experiences():
 
 @pytest.mark.skipif(not DJ_MISSING, reason="the `data` extra is installed")
 def test_data_juicer_operator_without_the_extra_names_the_install_command():
-    with pytest.raises(ImportError, match=r"pip install 'trine\[data\]'"):
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[data\]"'):
         build_pipeline([{"name": "data_juicer", "process": [{"text_length_filter": {}}]}])
 
 

@@ -81,3 +81,23 @@ def test_explorers_split_the_task_stream_without_overlap_or_loss():
     assert sorted(t for part in split for b in part for t in b) == sorted(t for b in alone for t in b)
     assert split[1] == alone[1::3] and split[2] == alone[2::3]  # every n-th batch of the shared order
     assert batches(1, 3, skip=1) == split[1][1:]  # a restart continues after the batches it put
+
+
+def test_an_explorer_process_prints_a_line_per_batch():
+    """``trine explore``'s line per batch: its index, the weights version, the reward (pending ones as such,
+    not NaN), the response length and the seconds (with those spent pacing)."""
+    from trine.modes.processes import batch_line
+
+    explored = {
+        "explorer/version": 2.0,
+        "explorer/reward_mean": 0.53125,
+        "explorer/response_length_mean": 4.25,
+        "explorer/paced_seconds": 0.4,
+    }
+    line = batch_line("explorer-1", 3, explored, 1.234)
+    assert line == "explorer-1 batch 3 | weights v2 | reward 0.531 | len 4.25 | time 1.23s (paced 0.40s)"
+    pending = {"explorer/version": 0.0, "explorer/reward_mean": float("nan"), "explorer/reward_pending": 16.0}
+    assert (
+        batch_line("explorer-0", 1, pending, 0.5)
+        == "explorer-0 batch 1 | weights v0 | reward pending 16 | time 0.50s"
+    )

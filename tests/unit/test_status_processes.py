@@ -113,7 +113,7 @@ def test_status_lists_each_process_the_buffer_and_the_published_weights(run_dir)
         f"  explorer 0: running, 7 batches, weights version 11 (lag 1) (pid {os.getpid()} on {HOST}, "
         "heartbeat Ns ago)",
         dead,
-        "  buffer: 1 ready, 1 pending, 2 stale (dropped), 3 trained; 2 explored batches waiting",
+        "  buffer: 1 pending, 1 ready, 3 trained, 2 stale; 2 explored batches waiting",
         "  weights: published version 12",
     ]
     assert dead.startswith("  explorer 1: dead, 3 batches, weights version 5 (lag 7) (process ")
@@ -273,9 +273,7 @@ def test_published_version_agrees_with_published_weights(tmp_path):
 def test_buffer_line_names_expired_and_rolled_back_rows_only_when_there_are_some():
     from trine.status_report import BufferDepth
 
-    assert (
-        BufferDepth(48, 0, 16, 0, 112, 0, 3).line() == "48 ready, 0 pending, 16 stale (dropped), 112 trained"
-    )
+    assert BufferDepth(0, 48, 112, 16, 0, 0, 3).line() == "0 pending, 48 ready, 112 trained, 16 stale"
     assert BufferDepth(1, 2, 3, 4, 5, 6, 0).line() == (
-        "1 ready, 2 pending, 3 stale (dropped), 5 trained, 4 expired (pending past the timeout), 6 rolled back"
+        "1 pending, 2 ready, 3 trained, 4 stale, 5 expired, 6 rolled_back"
     )

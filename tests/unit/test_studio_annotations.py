@@ -231,3 +231,39 @@ def test_a_file_buffer_is_left_to_its_run_and_landed_by_the_cli_after_it(tmp_pat
     assert result.exit_code == 0 and "rated: 1" in result.output, result.output
     assert rewards(run) == {"f1": 1.0}
     queue.close()
+
+
+def test_annotators_see_the_prompt_as_messages_not_chat_template_markup(tmp_path, studio, tiny_model_dir):
+    """`trine annotate rate|pairs` on experiences explored with the chat template (ChatML): the claimed
+    items carry the conversation role by role, and a prompt text without `<|im_start|>`."""
+    from typer.testing import CliRunner
+
+    from trine.cli import app
+    from trine.models import load_tokenizer
+    from trine.models.chat import encode_prompt
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    chat = [
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "What is 2+3?"},
+    ]
+    prompt = encode_prompt(tokenizer, chat)
+    rows = [
+        Experience(
+            tokens=prompt + tokenizer.encode(answer), prompt_length=len(prompt), action_mask=[1],
+            task_id="add/0", group_id="add/0@0", run_id=f"r{i}", info={"response": answer}, id=f"c{i}",
+        )
+        for i, answer in enumerate(["5", "6"])
+    ]  # fmt: skip
+    run = make_run(tmp_path, "chat", rows)
+    (run / "config.yaml").write_text(f"buffer:\n  storage: sql\nmodel:\n  path: {tiny_model_dir}\n")
+    for command in ("rate", "pairs"):
+        result = CliRunner().invoke(app, ["annotate", command, str(run)])
+        assert result.exit_code == 0 and "posted" in result.output, result.output
+    items = studio.post("/api/runs/chat/annotations/claim", json={"n": 10}, headers=ALICE).json()["items"]
+    assert sorted(i["kind"] for i in items) == ["pair", "rate", "rate"]
+    for item in items:
+        assert item["messages"] == chat, item
+        assert item["prompt"] == "system: Answer with a number.\n\nuser: What is 2+3?"
+    recent = studio.get("/api/runs/chat/annotations", headers=OWNER).json()["recent"]
+    assert all(r["messages"] == chat and "<|" not in r["prompt"] for r in recent)

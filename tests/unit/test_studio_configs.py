@@ -175,8 +175,21 @@ def test_plugin_registered_names_stay_valid(studio):
 def test_templates_list_and_read(studio, tmp_path):
     listed = studio.get("/api/config/templates").json()["templates"]
     assert [t["id"] for t in listed] == ["run:r1", "file:0"]
-    assert studio.get("/api/config/template", params={"id": "run:r1"}).json() == {"yaml": "name: r1\n"}
-    assert studio.get("/api/config/template", params={"id": "file:0"}).json() == {"yaml": GOOD}
+    # with a fresh name to start under: the template run's own name is taken
+    assert studio.get("/api/config/template", params={"id": "run:r1"}).json() == {
+        "yaml": "name: r1\n",
+        "name": "r1-2",
+    }
+    assert studio.get("/api/config/template", params={"id": "file:0"}).json() == {
+        "yaml": GOOD,
+        "name": "tiny",
+    }
+    for taken in ("tiny", "tiny-2", "r1-2"):
+        (tmp_path / "runs" / taken).mkdir()
+    assert studio.get("/api/config/template", params={"id": "file:0"}).json()["name"] == "tiny-3"
+    assert studio.get("/api/config/template", params={"id": "run:r1"}).json()["name"] == "r1-3"
+    for taken in ("tiny", "tiny-2", "r1-2"):
+        (tmp_path / "runs" / taken).rmdir()
     for bad, code in (("run:nope", 404), ("run:empty", 404), ("file:1", 404), ("file:x", 404), ("x", 404)):
         assert studio.get("/api/config/template", params={"id": bad}).status_code == code, bad
     assert studio.get("/api/config/template", params={"id": "run:../runs"}).status_code == 400
@@ -192,6 +205,8 @@ def test_start_refuses_invalid_existing_and_bad_names(studio, tmp_path):
     assert not (runs / "new").exists()
     exists = studio.post("/api/config/start", json={"yaml": GOOD, "name": "r1"})
     assert exists.status_code == 409 and "config.yaml" in exists.json()["detail"]
+    assert "would write into that run" in exists.json()["detail"] and "e.g. 'r1-2'" in exists.json()["detail"]
+    assert (tmp_path / "runs" / "r1" / "config.yaml").read_text() == "name: r1\n"  # untouched
     for name in ("../x", "a/b", ".hidden", ""):
         assert studio.post("/api/config/start", json={"yaml": GOOD, "name": name}).status_code == 400, name
     assert not (tmp_path / "x").exists() and sorted(p.name for p in runs.iterdir()) == [
@@ -208,20 +223,24 @@ def test_start_runs_a_detached_run_to_the_end(tmp_path):
         "".join(json.dumps({"question": f"{a}+1=", "answer": str(a + 1)}) + "\n" for a in range(4))
     )
     settings = StudioSettings(runs_dir=tmp_path / "runs", root=tmp_path)
+    run = (tmp_path / "runs" / "live").absolute()
     with background(settings) as url:
         response = httpx.post(f"{url}/api/config/start", json={"yaml": GOOD, "name": "live"}, timeout=30)
         assert response.status_code == 200, response.text
         pid = response.json()["pid"]
         assert response.json()["name"] == "live" and os.getsid(pid) == pid  # its own session
+        assert response.json()["note"] == f"named 'live' (the config said name: 'tiny'); it writes to {run}"
         environ = Path(f"/proc/{pid}/environ")
         seen = environ.read_bytes() if environ.is_file() else b""  # empty once the process has ended
         assert not seen or f"{registry.NO_IMPORTS_ENV}=".encode() in seen  # the run refuses import paths too
         again = httpx.post(f"{url}/api/config/start", json={"yaml": GOOD, "name": "live"}, timeout=30)
         assert again.status_code == 409
-    run = tmp_path / "runs" / "live"  # the studio has stopped; the run goes on
-    launch = run / "launch.yaml"
+    launch = run / "launch.yaml"  # the studio has stopped; the run goes on
     resolved = launch.read_text()
     assert f"run_dir: {run}" in resolved and f"path: {data / 'train.jsonl'}" in resolved
+    assert (
+        "name: live\n" in resolved and "name: tiny" not in resolved
+    )  # the run's own name, not the template's
     deadline = time.monotonic() + 90
     state = None
     while time.monotonic() < deadline:

@@ -383,7 +383,7 @@ def test_sql_and_file_buffers_are_counted_without_writing(api, runs):
     buf.get(1)
     buf.close()
     counts = api.get("/api/runs/filerun").json()["buffer"]["counts"]
-    assert counts == {"pending": 1, "ready": 2, "trained": 1, "stale": 0, "rolled_back": 0}
+    assert counts == {"pending": 1, "ready": 2, "trained": 1, "stale": 0, "expired": 0, "rolled_back": 0}
     make_run(runs, "nodb", stage(buffer={"storage": "sql"}))
     nodb = api.get("/api/runs/nodb").json()["buffer"]
     assert nodb["counts"] is None and "no database yet" in nodb["note"]

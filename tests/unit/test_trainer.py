@@ -145,6 +145,21 @@ def test_experiences_of_a_failed_trajectory_stay_out_of_the_loss(tiny_model_dir,
     assert only_failed == {"trainer/empty_batch": 1.0, "trainer/excluded_status": 2.0}
 
 
+def test_the_step_reports_the_mean_reward_of_the_rollouts_it_trained_on(
+    tiny_model_dir, tokenizer, experiences
+):
+    """``trainer/reward_mean``: the trainer's own view of the batch's rewards (the step line shows it where
+    the explorer is another process), over the rollouts it kept; rows excluded by status do not count."""
+    failed = Experience.from_dict(
+        {**experiences[0].to_dict(), "status": "reward_error", "reward": 9.0, "id": "f"}
+    )
+    metrics = _trainer(tiny_model_dir, tokenizer).step(list(experiences) + [failed])
+    assert metrics["trainer/reward_mean"] == pytest.approx(sum(r for _, _, r, _ in SPECS) / len(SPECS))
+    sft = [Experience.from_dict({**e.to_dict(), "kind": "sft", "reward": None}) for e in experiences]
+    sft_trainer = Trainer(load_model(tiny_model_dir), PRESETS["sft"], pad_token_id=tokenizer.pad_token_id)
+    assert "trainer/reward_mean" not in sft_trainer.step(sft)  # supervised rows carry no reward
+
+
 def test_plan_micro_batches_respects_the_budget_and_buckets_by_length():
     lengths = [10, 3, 9, 2, 4, 11]
     # sorted: 11 10 9 4 3 2. Three micro-batches are needed under budget 22; 11 10 | 9 | 4 3 2 processes

@@ -3,152 +3,121 @@
 A library of pure math under the trainer, which imports it directly. ``ADVANTAGES`` and ``LOSSES`` are
 the explicit tables of built-ins looked up by name; an :class:`Algorithm` record names one of each,
 resolved by :func:`resolve_advantage` / :func:`resolve_loss`.
+
+Importing the package is free: the tables are :class:`~trine.registry.Table` objects of import paths and every
+other name is imported on first use (module ``__getattr__``), so checking a config's algorithm (``trine
+validate``) does not import torch.
 """
 
-from trine.algorithms.advantages import (
-    asymre_advantages,
-    dr_grpo_advantages,
-    group_index,
-    grpo_advantages,
-    opmd_advantages,
-    remax_advantages,
-    rloo_advantages,
-)
-from trine.algorithms.advantages_multistep import gigpo_advantages, step_wise_grpo_advantages
-from trine.algorithms.advantages_token import (
-    gae,
-    gae_advantages,
-    outcome_token_rewards,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
-)
-from trine.algorithms.aggregation import (
-    AGG_MODES,
-    aggregate,
-    masked_mean,
-    split_normalizer,
-    step_normalizer,
-)
-from trine.algorithms.inputs import ADVANTAGE_INPUTS, LOSS_INPUTS, check_args, needed_inputs
-from trine.algorithms.kl import (
-    KL_ESTIMATORS,
-    adaptive_kl_coef,
-    entropy_bonus,
-    entropy_from_logits,
-    kl_in_reward,
-    kl_penalty,
-)
-from trine.algorithms.losses import (
-    cispo_loss,
-    gspo_loss,
-    pg_loss,
-    ppo_clip_loss,
-    sapo_loss,
-    sft_loss,
-)
-from trine.algorithms.losses_extra import distill_loss, mix_loss, value_loss
-from trine.algorithms.losses_offpolicy import (
-    dpo_loss,
-    opmd_kimi_loss,
-    opmd_loss,
-    opmd_pairwise_loss,
-    sequence_logps,
-)
-from trine.algorithms.presets import (
-    EXPLORER_FIELDS,
-    PRESETS,
-    AdvantageFn,
-    Algorithm,
-    LossFn,
-    resolve_advantage,
-    resolve_loss,
-)
-from trine.algorithms.rollout_correction import CORRECTION_SUMS, correction_metrics, rollout_correction
+from __future__ import annotations
 
-ADVANTAGES = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_pp": reinforce_pp_advantages,
-    "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
-    "remax": remax_advantages,
-    "gae": gae_advantages,
-    "opmd": opmd_advantages,
-    "asymre": asymre_advantages,
-    "step_wise_grpo": step_wise_grpo_advantages,
-    "gigpo": gigpo_advantages,
+import importlib
+from typing import Any
+
+from trine.registry import Table
+
+ADVANTAGES = Table(
+    {
+        "grpo": "trine.algorithms.advantages:grpo_advantages",
+        "dr_grpo": "trine.algorithms.advantages:dr_grpo_advantages",
+        "rloo": "trine.algorithms.advantages:rloo_advantages",
+        "reinforce_pp": "trine.algorithms.advantages_token:reinforce_pp_advantages",
+        "reinforce_pp_baseline": "trine.algorithms.advantages_token:reinforce_pp_baseline_advantages",
+        "remax": "trine.algorithms.advantages:remax_advantages",
+        "gae": "trine.algorithms.advantages_token:gae_advantages",
+        "opmd": "trine.algorithms.advantages:opmd_advantages",
+        "asymre": "trine.algorithms.advantages:asymre_advantages",
+        "step_wise_grpo": "trine.algorithms.advantages_multistep:step_wise_grpo_advantages",
+        "gigpo": "trine.algorithms.advantages_multistep:gigpo_advantages",
+    }
+)
+"""Built-in advantage functions by name (registry kind ``advantage``)."""
+
+LOSSES = Table(
+    {
+        "ppo_clip": "trine.algorithms.losses:ppo_clip_loss",
+        "pg": "trine.algorithms.losses:pg_loss",
+        "gspo": "trine.algorithms.losses:gspo_loss",
+        "cispo": "trine.algorithms.losses:cispo_loss",
+        "sapo": "trine.algorithms.losses:sapo_loss",
+        "opmd": "trine.algorithms.losses_offpolicy:opmd_loss",
+        "opmd_kimi": "trine.algorithms.losses_offpolicy:opmd_kimi_loss",
+        "opmd_pairwise": "trine.algorithms.losses_offpolicy:opmd_pairwise_loss",
+        "sft": "trine.algorithms.losses:sft_loss",
+        "dpo": "trine.algorithms.losses_offpolicy:dpo_loss",
+        "mix": "trine.algorithms.losses_extra:mix_loss",
+        "distill": "trine.algorithms.losses_extra:distill_loss",
+        "value": "trine.algorithms.losses_extra:value_loss",
+    }
+)
+"""Built-in loss functions by name (registry kind ``loss``)."""
+
+_EXPORTS = {
+    "asymre_advantages": "trine.algorithms.advantages",
+    "dr_grpo_advantages": "trine.algorithms.advantages",
+    "group_index": "trine.algorithms.advantages",
+    "grpo_advantages": "trine.algorithms.advantages",
+    "opmd_advantages": "trine.algorithms.advantages",
+    "remax_advantages": "trine.algorithms.advantages",
+    "rloo_advantages": "trine.algorithms.advantages",
+    "gigpo_advantages": "trine.algorithms.advantages_multistep",
+    "step_wise_grpo_advantages": "trine.algorithms.advantages_multistep",
+    "gae": "trine.algorithms.advantages_token",
+    "gae_advantages": "trine.algorithms.advantages_token",
+    "outcome_token_rewards": "trine.algorithms.advantages_token",
+    "reinforce_pp_advantages": "trine.algorithms.advantages_token",
+    "reinforce_pp_baseline_advantages": "trine.algorithms.advantages_token",
+    "AGG_MODES": "trine.algorithms.aggregation",
+    "aggregate": "trine.algorithms.aggregation",
+    "masked_mean": "trine.algorithms.aggregation",
+    "split_normalizer": "trine.algorithms.aggregation",
+    "step_normalizer": "trine.algorithms.aggregation",
+    "ADVANTAGE_INPUTS": "trine.algorithms.inputs",
+    "LOSS_INPUTS": "trine.algorithms.inputs",
+    "check_args": "trine.algorithms.inputs",
+    "needed_inputs": "trine.algorithms.inputs",
+    "KL_ESTIMATORS": "trine.algorithms.kl",
+    "adaptive_kl_coef": "trine.algorithms.kl",
+    "entropy_bonus": "trine.algorithms.kl",
+    "entropy_from_logits": "trine.algorithms.kl",
+    "kl_in_reward": "trine.algorithms.kl",
+    "kl_penalty": "trine.algorithms.kl",
+    "cispo_loss": "trine.algorithms.losses",
+    "gspo_loss": "trine.algorithms.losses",
+    "pg_loss": "trine.algorithms.losses",
+    "ppo_clip_loss": "trine.algorithms.losses",
+    "sapo_loss": "trine.algorithms.losses",
+    "sft_loss": "trine.algorithms.losses",
+    "distill_loss": "trine.algorithms.losses_extra",
+    "mix_loss": "trine.algorithms.losses_extra",
+    "value_loss": "trine.algorithms.losses_extra",
+    "dpo_loss": "trine.algorithms.losses_offpolicy",
+    "opmd_kimi_loss": "trine.algorithms.losses_offpolicy",
+    "opmd_loss": "trine.algorithms.losses_offpolicy",
+    "opmd_pairwise_loss": "trine.algorithms.losses_offpolicy",
+    "sequence_logps": "trine.algorithms.losses_offpolicy",
+    "AdvantageFn": "trine.algorithms.presets",
+    "Algorithm": "trine.algorithms.presets",
+    "EXPLORER_FIELDS": "trine.algorithms.presets",
+    "LossFn": "trine.algorithms.presets",
+    "PRESETS": "trine.algorithms.presets",
+    "resolve_advantage": "trine.algorithms.presets",
+    "resolve_loss": "trine.algorithms.presets",
+    "CORRECTION_SUMS": "trine.algorithms.correction",
+    "correction_metrics": "trine.algorithms.correction",
+    "rollout_correction": "trine.algorithms.correction",
 }
 
-LOSSES = {
-    "ppo_clip": ppo_clip_loss,
-    "pg": pg_loss,
-    "gspo": gspo_loss,
-    "cispo": cispo_loss,
-    "sapo": sapo_loss,
-    "opmd": opmd_loss,
-    "opmd_kimi": opmd_kimi_loss,
-    "opmd_pairwise": opmd_pairwise_loss,
-    "sft": sft_loss,
-    "dpo": dpo_loss,
-    "mix": mix_loss,
-    "distill": distill_loss,
-    "value": value_loss,
-}
+__all__ = ["ADVANTAGES", "LOSSES", *sorted(_EXPORTS)]
 
-__all__ = [
-    "CORRECTION_SUMS",
-    "correction_metrics",
-    "rollout_correction",
-    "ADVANTAGES",
-    "ADVANTAGE_INPUTS",
-    "AGG_MODES",
-    "AdvantageFn",
-    "Algorithm",
-    "EXPLORER_FIELDS",
-    "KL_ESTIMATORS",
-    "LOSSES",
-    "LOSS_INPUTS",
-    "LossFn",
-    "PRESETS",
-    "adaptive_kl_coef",
-    "aggregate",
-    "asymre_advantages",
-    "check_args",
-    "cispo_loss",
-    "distill_loss",
-    "dpo_loss",
-    "dr_grpo_advantages",
-    "entropy_bonus",
-    "entropy_from_logits",
-    "gae",
-    "gae_advantages",
-    "gigpo_advantages",
-    "group_index",
-    "grpo_advantages",
-    "gspo_loss",
-    "kl_in_reward",
-    "kl_penalty",
-    "masked_mean",
-    "mix_loss",
-    "needed_inputs",
-    "opmd_advantages",
-    "opmd_kimi_loss",
-    "opmd_loss",
-    "opmd_pairwise_loss",
-    "outcome_token_rewards",
-    "pg_loss",
-    "ppo_clip_loss",
-    "reinforce_pp_advantages",
-    "reinforce_pp_baseline_advantages",
-    "remax_advantages",
-    "resolve_advantage",
-    "resolve_loss",
-    "rloo_advantages",
-    "sapo_loss",
-    "sequence_logps",
-    "sft_loss",
-    "split_normalizer",
-    "step_normalizer",
-    "step_wise_grpo_advantages",
-    "value_loss",
-]
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trine.algorithms' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

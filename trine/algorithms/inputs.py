@@ -47,8 +47,8 @@ LOSS_INPUTS = (
 """Batch inputs of loss functions (tensors, the step normalizer(s) and the aggregation mode)."""
 
 
-def _named_parameters(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
-    params = inspect.signature(fn).parameters
+def _named_parameters(fn: Callable[..., Any] | inspect.Signature) -> dict[str, inspect.Parameter]:
+    params = (fn if isinstance(fn, inspect.Signature) else inspect.signature(fn)).parameters
     return {
         name: p
         for name, p in params.items()
@@ -62,10 +62,18 @@ def needed_inputs(fn: Callable[..., Any], known: tuple[str, ...]) -> tuple[str, 
     return tuple(name for name in known if name in params)
 
 
-def check_args(fn: Callable[..., Any], args: Mapping[str, Any], known: tuple[str, ...], what: str) -> None:
+def check_args(
+    fn: Callable[..., Any] | inspect.Signature,
+    args: Mapping[str, Any],
+    known: tuple[str, ...],
+    what: str,
+    name: str | None = None,
+) -> None:
     """Raise if ``args`` (config arguments for ``fn``) has a name ``fn`` does not take, or a batch input.
 
-    ``what`` names the setting in the message, e.g. ``"algorithm.loss_args"``.
+    ``fn`` is the function or its signature (:func:`trine.registry.signature`, read without importing
+    it); ``what`` names the setting in the message, e.g. ``"algorithm.loss_args"``, and ``name`` the
+    function (default: its ``__name__``).
     """
     params = _named_parameters(fn)
     settable = sorted(name for name in params if name not in known)
@@ -76,5 +84,5 @@ def check_args(fn: Callable[..., Any], args: Mapping[str, Any], known: tuple[str
             )
         if key not in params:
             raise ValueError(
-                f"{what}[{key!r}] is not an argument of {getattr(fn, '__name__', fn)}; valid: {settable}"
+                f"{what}[{key!r}] is not an argument of {name or getattr(fn, '__name__', fn)}; valid: {settable}"
             )

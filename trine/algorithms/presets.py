@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from trine import registry
 from trine.algorithms.inputs import ADVANTAGE_INPUTS, LOSS_INPUTS, check_args, needed_inputs
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 EXPLORER_FIELDS = (
     "rollout_args",
@@ -81,7 +82,7 @@ class Algorithm:
     expert_ratio: float = 0.0
     """MIX: expert (SFT) rows added per rollout row, from ``tasks.expert``."""
     rollout_is: str = "off"
-    """Rollout correction (:mod:`trine.algorithms.rollout_correction`): truncated importance weights
+    """Rollout correction (:mod:`trine.algorithms.correction`): truncated importance weights
     between the trainer's recomputed and the engine's logprobs, per ``token`` or ``sequence``; ``off``."""
     rollout_is_cap: float = 2.0
     """Rollout correction: the cap C of the truncated importance weights ``min(ρ, C)``."""
@@ -110,11 +111,14 @@ class Algorithm:
         return needed_inputs(resolve_loss(self), LOSS_INPUTS)
 
     def check_args(self) -> None:
-        """Raise if ``advantage_args``/``loss_args`` name an argument the functions do not take."""
-        advantage_fn = resolve_advantage(self)
-        if advantage_fn is not None:
-            check_args(advantage_fn, self.advantage_args, ADVANTAGE_INPUTS, "algorithm.advantage_args")
-        check_args(resolve_loss(self), self.loss_args, LOSS_INPUTS, "algorithm.loss_args")
+        """Raise if ``advantage_args``/``loss_args`` name an argument the functions do not take. Only the
+        functions' signatures are read: a built-in is not imported (no torch at ``trine validate``)."""
+        if self.advantage is not None:
+            advantage = registry.signature("advantage", self.advantage)
+            what = f"advantage {self.advantage!r}"
+            check_args(advantage, self.advantage_args, ADVANTAGE_INPUTS, "algorithm.advantage_args", what)
+        loss = registry.signature("loss", self.loss)
+        check_args(loss, self.loss_args, LOSS_INPUTS, "algorithm.loss_args", f"loss {self.loss!r}")
 
     def with_overrides(self, **overrides: Any) -> Algorithm:
         """A copy with the given fields replaced (None values are ignored; dict args are merged)."""
@@ -131,9 +135,9 @@ class Algorithm:
         return replace(self, **changes)
 
 
-AdvantageFn = Callable[..., tuple[Tensor, dict[str, float]]]
+AdvantageFn = Callable[..., "tuple[Tensor, dict[str, float]]"]
 """``(rewards, group_ids, **inputs, **advantage_args) -> (advantages, stats)`` (see :mod:`.inputs`)."""
-LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+LossFn = Callable[..., "tuple[Tensor, dict[str, float]]"]
 """``(logprobs=..., old_logprobs=..., ..., **loss_args) -> (loss, stats)`` (see :mod:`.inputs`)."""
 
 

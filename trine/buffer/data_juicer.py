@@ -1,4 +1,4 @@
-"""Bridge to Data-Juicer (``pip install 'trine[data]'``): run a Data-Juicer recipe over tasks or experiences.
+"""Bridge to Data-Juicer (``pip install -e ".[data]"``): run a Data-Juicer recipe over tasks or experiences.
 
 A recipe is Data-Juicer's ``process`` list — one ``{op_name: {arguments}}`` per operator, e.g.
 ``[{"whitespace_normalization_mapper": {}}, {"text_length_filter": {"min_len": 10}},
@@ -41,7 +41,7 @@ def require_data_juicer() -> None:
         raise ImportError(
             f"the Data-Juicer bridge needs the package(s) {missing} (py-data-juicer imports ray and aiohttp "
             "when it runs an operator and would pip-install them itself); install them with "
-            "`pip install 'trine[data]'` (or `pip install py-data-juicer ray aiohttp`)."
+            '`pip install -e ".[data]"` (or `pip install py-data-juicer ray aiohttp`).'
         )
 
 

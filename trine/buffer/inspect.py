@@ -1,8 +1,8 @@
 """Reading a run's stored experiences for inspection (``trine buffer ...``), whatever the storage.
 
-Every experience comes back with its status: ``pending`` (reward not known yet), ``ready``
-(trainable, not taken), ``consumed`` (handed to the trainer), ``dropped`` (stale) or ``rolled_back``
-(put after the checkpoint a crashed run resumed from; the resumed run explored it again). SQL storages are
+Every experience comes back with its status, one of :data:`trine.buffer.states.STATES` (``pending``,
+``ready``, ``trained``, ``stale``, ``expired``, ``rolled_back``: the vocabulary ``trine status`` and the
+studio show too). SQL storages are
 read through their documented table (:mod:`trine.buffer.sql_schema`), file storages by replaying their
 log, and in-memory buffers from the run's last checkpoint (which holds what was not trained yet).
 """
@@ -19,12 +19,14 @@ from trine.buffer.files import FileBuffer
 from trine.buffer.memory import MemoryBuffer
 from trine.buffer.open import open_buffer, storage_arguments, storage_class
 from trine.buffer.sql import SQLBuffer
+from trine.buffer.states import EXPIRED, PENDING, READY, ROLLED_BACK, STALE, STATES, TRAINED
 from trine.types import Experience
 
 if TYPE_CHECKING:
     from trine.config import BufferConfig
 
-STATUSES = ("pending", "ready", "consumed", "dropped", "rolled_back")
+STATUSES = STATES
+"""The statuses rows come back with (:mod:`trine.buffer.states`)."""
 
 
 def run_stage_config(run_dir: str | Path, stage: str | None = None) -> dict[str, Any]:
@@ -78,6 +80,78 @@ def open_run_buffer(run_dir: str | Path, stage: str | None = None) -> Buffer:
     return open_buffer(config, run_dir)
 
 
+def memory_buffer_note(run_dir: str | Path, kept: int, has_checkpoint: bool) -> str:
+    """What can be shown of a run whose buffer lived in memory (``kept``: the untrained experiences its
+    last checkpoint holds), and how to keep every experience."""
+    if not has_checkpoint:
+        shown = "it has no checkpoint yet (a checkpoint keeps the experiences not trained yet), so none can be shown"
+    elif kept == 0:
+        shown = "its last checkpoint holds no experience that was not trained yet, so none can be shown"
+    else:
+        shown = f"only the {kept} not yet trained at its last checkpoint can be shown"
+    return (
+        f"note: {run_dir} kept its buffer in memory (buffer.storage: memory, the default), so the "
+        f"experiences it trained on were never stored; {shown}. To keep every experience, run with "
+        "buffer.storage: sql (or file); explorer.dump_rollouts: true also writes each sampled response "
+        "and reward to rollouts.jsonl."
+    )
+
+
+def key_states(
+    run_dir: str | Path, keys: list[Any], stage: str | None = None
+) -> dict[Any, list[tuple[str, str]]]:
+    """``(id, state)`` of the rows each key names: an experience id, or a ``(task_id, run_id)`` pair
+    (every step of that rollout), as ``Buffer.set_rewards`` takes them; ``[]`` for a key that names
+    none. A SQL table is asked for those rows' narrow columns only."""
+    config = run_buffer_config(run_dir, stage)
+    if issubclass(storage_class(config), SQLBuffer):
+        buffer = open_buffer(config, run_dir)  # connects only when used: this takes its url and table
+        buffer.close()
+        found = _sql_key_rows(buffer.url, buffer.table_name, keys)
+    else:
+        found = [((e.id, e.task_id, e.run_id), s) for e, s in read_rows(run_dir, stage=stage) or []]
+    by_id: dict[str, list[tuple[str, str]]] = {}
+    by_pair: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for (exp_id, task_id, run_id), state in found:
+        by_id.setdefault(exp_id, []).append((exp_id, state))
+        by_pair.setdefault((task_id, run_id), []).append((exp_id, state))
+    return {k: by_id.get(k, []) if isinstance(k, str) else by_pair.get(tuple(k), []) for k in keys}
+
+
+def _sql_key_rows(url: str, table_name: str, keys: list[Any]) -> list[tuple[tuple[str, str, str], str]]:
+    import sqlalchemy as sa
+
+    from trine.buffer.sql_schema import build_table
+    from trine.buffer.states import sql_state
+
+    ids = [k for k in keys if isinstance(k, str)]
+    tasks = sorted({str(k[0]) for k in keys if not isinstance(k, str)})
+    engine = sa.create_engine(url)
+    out: dict[str, tuple[tuple[str, str, str], str]] = {}  # by id: a row may match an id and a pair
+    try:
+        if not sa.inspect(engine).has_table(table_name):
+            return []
+        t = build_table(sa.MetaData(), table_name)
+        columns = (
+            t.c.id,
+            t.c.task_id,
+            t.c.run_id,
+            t.c.reward_status,
+            t.c.consumed_at,
+            t.c.expired_at,
+            t.c.reward,
+        )
+        with engine.connect() as conn:
+            for column, values in ((t.c.id, ids), (t.c.task_id, tasks)):
+                for i in range(0, len(values), 500):
+                    for r in conn.execute(sa.select(*columns).where(column.in_(values[i : i + 500]))):
+                        state = sql_state(r.reward_status, r.consumed_at, r.expired_at, r.reward)
+                        out[r.id] = ((r.id, r.task_id, r.run_id), state)
+    finally:
+        engine.dispose()
+    return list(out.values())
+
+
 def read_rows(
     run_dir: str | Path, status: str | None = None, stage: str | None = None
 ) -> list[tuple[Experience, str]] | None:
@@ -109,6 +183,7 @@ def _sql_rows(url: str, table_name: str, status: str | None = None) -> list[tupl
     import sqlalchemy as sa
 
     from trine.buffer.sql_schema import build_table, row_to_experience
+    from trine.buffer.states import sql_state, sql_state_clause
 
     engine = sa.create_engine(url)
     try:
@@ -116,22 +191,16 @@ def _sql_rows(url: str, table_name: str, status: str | None = None) -> list[tupl
             return []
         table = build_table(sa.MetaData(), table_name)
         query = sa.select(table).order_by(table.c.seq)
-        if status == "consumed":
-            query = query.where(table.c.consumed_at.is_not(None), table.c.reward_status != "dropped")
-        elif status is not None:
-            query = query.where(table.c.reward_status == status)
-            query = query.where(table.c.consumed_at.is_(None)) if status != "dropped" else query
+        if status is not None:
+            query = query.where(sql_state_clause(table, status))
         with engine.connect() as conn:
             rows = conn.execute(query).fetchall()
     finally:
         engine.dispose()
-    out = []
-    for row in rows:
-        status = (
-            row.reward_status if row.consumed_at is None or row.reward_status == "dropped" else "consumed"
-        )
-        out.append((row_to_experience(row), status))
-    return out
+    return [
+        (row_to_experience(row), sql_state(row.reward_status, row.consumed_at, row.expired_at, row.reward))
+        for row in rows
+    ]
 
 
 def _file_rows(path: Path) -> list[tuple[Experience, str]]:
@@ -141,30 +210,30 @@ def _file_rows(path: Path) -> list[tuple[Experience, str]]:
         return []
     records = _read_jsonl(path)
     exps = {r["id"]: Experience.from_dict(r) for r in records if "_event" not in r}
-    status = dict.fromkeys(exps, "rolled_back")  # unless in effect (see trine.buffer.files)
+    status = dict.fromkeys(exps, ROLLED_BACK)  # unless in effect (see trine.buffer.files)
     for record in resolve_rewinds(records):
         event = record.get("_event")
         if event is None:
-            status[record["id"]] = "pending" if record.get("reward") is None else "ready"
-        elif event == "reward" and status.get(record["id"], "rolled_back") != "rolled_back":
+            status[record["id"]] = PENDING if record.get("reward") is None else READY
+        elif event == "reward" and status.get(record["id"], ROLLED_BACK) != ROLLED_BACK:
             exps[record["id"]].reward = float(record["reward"])
-            status[record["id"]] = "ready"
+            status[record["id"]] = READY
         elif event in ("consumed", "dropped"):
             for i in record["ids"]:
-                status[i] = event
+                status[i] = TRAINED if event == "consumed" else STALE
         elif event == "expired":  # a pending reward that timed out: dropped, or given the default
             for i in record.get("ids", [record.get("id")]):
                 if i in exps:
                     reward = record.get("reward")
                     exps[i].reward = reward if reward is not None else exps[i].reward
-                    status[i] = "ready" if reward is not None else "dropped"
+                    status[i] = READY if reward is not None else EXPIRED
     return [(e, status[i]) for i, e in exps.items()]
 
 
 def rows_from_state(state: dict[str, Any]) -> list[tuple[Experience, str]]:
     """The experiences a checkpointed :class:`~trine.buffer.memory.MemoryBuffer` state holds."""
-    rows = [(Experience.from_dict(d), "ready") for d in state.get("ready", [])]
-    return rows + [(Experience.from_dict(d), "pending") for d in state.get("pending", [])]
+    rows = [(Experience.from_dict(d), READY) for d in state.get("ready", [])]
+    return rows + [(Experience.from_dict(d), PENDING) for d in state.get("pending", [])]
 
 
 def reward_histogram(rewards: list[float], bins: int = 10, width: int = 40) -> list[str]:

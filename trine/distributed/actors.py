@@ -23,19 +23,19 @@ from trine.config import RunConfig
 from trine.types import Experience
 
 
-def _enter(cwd: str, plugins: list[str], threads: int | None) -> None:
+def _enter(cwd: str, plugins: list[str], local: int = 1) -> None:
     """Prepare a worker process like the ``trine`` command would: the driver's working directory (when
-    this node has it: relative paths in the config mean the same), the plugins, torch threads."""
+    this node has it: relative paths in the config mean the same), the plugins, and how many of the run's
+    actors share this node (``local``), whose free cores ``num_threads: auto`` divides among them when the
+    run's code sets the torch threads (:func:`trine.threads.use_threads`)."""
     if Path(cwd).is_dir():
         os.chdir(cwd)
     from trine.registry import load_plugin
+    from trine.threads import SHARE_ENV
 
     for plugin in plugins:
         load_plugin(Path(plugin))
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
+    os.environ[SHARE_ENV] = str(local)  # this worker process is the actor's own
 
 
 def node_info() -> dict[str, Any]:
@@ -54,8 +54,8 @@ def node_info() -> dict[str, Any]:
 class TrainerActor:
     """The trainer process of the run, as an actor."""
 
-    def __init__(self, stages: list[RunConfig], cwd: str, plugins: list[str]) -> None:
-        _enter(cwd, plugins, stages[0].num_threads)
+    def __init__(self, stages: list[RunConfig], cwd: str, plugins: list[str], local: int = 1) -> None:
+        _enter(cwd, plugins, local)
         self.stages = stages
 
     def node(self) -> dict[str, Any]:
@@ -74,8 +74,8 @@ class TrainerActor:
 class ExplorerActor:
     """Explorer ``index`` of the run, as an actor; :meth:`stop` (from another thread of the actor) ends it."""
 
-    def __init__(self, stages: list[RunConfig], cwd: str, plugins: list[str]) -> None:
-        _enter(cwd, plugins, stages[0].num_threads)
+    def __init__(self, stages: list[RunConfig], cwd: str, plugins: list[str], local: int = 1) -> None:
+        _enter(cwd, plugins, local)
         self.stages = stages
         self._stop = threading.Event()
 
@@ -97,7 +97,7 @@ class BufferWriter:
     """The run's SQL buffer, opened once on the trainer's node, taking the explorers' puts in order."""
 
     def __init__(self, stages: list[RunConfig], cwd: str, run_dir: str) -> None:
-        _enter(cwd, [], None)
+        _enter(cwd, [])
         from trine.buffer import open_buffer
 
         self.buffer = open_buffer(stages[0].buffer, Path(run_dir))

@@ -3,7 +3,8 @@
 It joins (or starts) a Ray cluster, checks and prints the resource plan (:mod:`trine.distributed.plan`),
 reserves it as one placement group, starts the actors (:mod:`trine.distributed.actors`) and watches them:
 
-- the trainer actor runs the loop (checkpoints, evaluation, status) and its end is the run's end;
+- the trainer actor runs the loop (checkpoints, evaluation, status) and its end is the run's end: the
+  driver prints the run's summary table last, as ``trine run`` does in the other modes;
 - an explorer actor that dies (killed, out of memory, its node lost) or fails is started again in its
   bundle, up to ``cluster.max_explorer_restarts`` times; it continues after the last batch it put, so its
   unfinished batch is explored again and nothing is lost or put twice;
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise ClusterError(
-            'cluster.backend: ray needs Ray: pip install "trine[ray]" (or set cluster.backend: local)'
+            'cluster.backend: ray needs Ray: pip install -e ".[ray]" (or set cluster.backend: local)'
         ) from None
     return ray
 
@@ -52,6 +54,7 @@ def launch(stages: list[RunConfig], plugins: list[Path]) -> int:
     cfg = as_process(stages, "run")
     ray = import_ray()
     started_here = _init(ray, cfg)
+    driver: Driver | None = None
     try:
         plan = ResourcePlan.of(cfg.cluster, cfg.explorer.instances, sqlite=_sqlite(cfg))
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
@@ -61,11 +64,17 @@ def launch(stages: list[RunConfig], plugins: list[Path]) -> int:
                 "this run cannot be placed on the Ray cluster:\n" + "\n".join(f"- {p}" for p in problems)
             )
         group = _reserve(ray, plan, cfg.cluster.ready_timeout)
-        print(plan.table(_nodes_of(ray, group)), flush=True)
-        return Driver(ray, cfg, group, [str(p.resolve()) for p in plugins], plan.writer).run()
+        nodes = _nodes_of(ray, group)
+        print(plan.table(nodes), flush=True)
+        driver = Driver(ray, cfg, group, [str(p.resolve()) for p in plugins], plan.writer, _local(nodes))
+        return driver.run()
     finally:
         if started_here:
-            ray.shutdown()
+            ray.shutdown()  # the actors' last lines (their step lines) reach the console before the table
+        if driver is not None and driver.summary is not None:
+            from trine.monitor.summary import print_summary
+
+            print_summary(driver.summary)  # as `trine run` ends in the other modes
 
 
 def _init(ray: Any, cfg: RunConfig) -> bool:
@@ -110,6 +119,14 @@ def _nodes_of(ray: Any, group: Any) -> dict[int, str]:
     return {int(i): node_ip.get(node, str(node)[:8]) for i, node in bundles.items()}
 
 
+def _local(node_of_bundle: dict[int, str]) -> dict[int, int]:
+    """For each bundle, how many of the run's bundles (one torch process each: a trainer rank or an
+    explorer; the buffer writer runs no torch) are on its node: the share of that node's free cores
+    ``num_threads: auto`` gives the bundle's actor (:mod:`trine.threads`)."""
+    per_node = Counter(node_of_bundle.values())
+    return {bundle: per_node[node] for bundle, node in node_of_bundle.items()}
+
+
 @dataclass
 class _Explorer:
     actor: Any
@@ -126,7 +143,11 @@ class Driver:
     group: Any
     plugins: list[str]
     with_writer: bool
+    local: dict[int, int] = field(default_factory=dict)
+    """Bundle -> the run's torch processes on its node (:func:`_local`; 1 where the node is not known)."""
     explorers: dict[int, _Explorer] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    """The run's summary, once the trainer returned it (printed by :func:`launch` at the very end)."""
 
     def run(self) -> int:
         ray, cfg = self.ray, self.cfg
@@ -172,7 +193,7 @@ class Driver:
         remote = self.ray.remote(cls).options(**options)
         if cls is BufferWriter:
             return remote.remote([self.cfg], os.getcwd(), **kwargs)
-        return remote.remote([self.cfg], os.getcwd(), self.plugins)
+        return remote.remote([self.cfg], os.getcwd(), self.plugins, self.local.get(bundle, 1))
 
     def _start_explorer(self, index: int) -> None:
         c = self.cfg.cluster
@@ -217,7 +238,7 @@ class Driver:
         except self.ray.exceptions.RayTaskError as err:  # it raised: the loop recorded the failure
             print(f"error: the trainer failed: {err}", flush=True)
             return 1
-        print(f"trainer: {summary.get('state', 'done')}", flush=True)
+        self.summary = summary
         return 0
 
     def _explorer_ended(self, index: int) -> None:

@@ -29,13 +29,15 @@ class Item:
     kind: str
     """"rate" (one response, a number in ``scale``) or "pair" (two responses: a, b or tie)."""
     prompt: str
-    """The prompt text shown to people (a chat rendered as text)."""
+    """The prompt text shown to people: plain text, never chat-template markup (a chat rendered by
+    :func:`trine.models.chat.chat_text`; its messages go to ``meta["messages"]``)."""
     responses: list[dict[str, Any]]
     """``[{"text": str, "experience_id": str | None, "tokens": list[int] | None}]`` (1 or 2)."""
     scale: tuple[float, float] | None = None
     """rate: (lo, hi); the answer must lie in it and becomes the reward (default (0, 1))."""
     meta: dict[str, Any] = field(default_factory=dict)
-    """task_id, group_id, prompt_tokens (pairs -> preference rows), ..."""
+    """task_id, group_id, prompt_tokens (pairs -> preference rows), messages (the prompt's conversation,
+    ``[{"role", "content"}]``: the studio shows these, role by role, rather than ``prompt``), ..."""
     id: str = field(default_factory=lambda: new_id("ann-"))
     batch: str | None = None
     status: str = OPEN
@@ -57,6 +59,7 @@ class Item:
             "id": self.id,
             "kind": self.kind,
             "prompt": self.prompt,
+            "messages": self.meta.get("messages"),
             "responses": [{"text": r.get("text", "")} for r in self.responses],
             "scale": list(self.scale) if self.scale else None,
             "batch": self.batch,
@@ -105,6 +108,18 @@ def check_item(item: Item) -> Item:
         item.scale = (lo, hi)
     if not isinstance(item.prompt, str):
         raise ValueError(f"{where}: prompt must be text, got {type(item.prompt).__name__}.")
+    messages = item.meta.get("messages")
+    if messages is not None and not (
+        isinstance(messages, list)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    ):
+        raise ValueError(
+            f"{where}: meta['messages'] must be a list of {{'role': str, 'content': str}} (the prompt's "
+            f"conversation), got {messages!r}; leave it out for a prompt that is not a chat."
+        )
     return item
 
 

@@ -9,8 +9,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from trine.registry import Table
+
+ENGINES = Table(
+    {
+        "hf": "trine.models.engine:HFEngine",
+        "openai": "trine.models.openai_engine:OpenAIEngine",
+        "vllm": "trine.models.vllm_engine:VLLMEngine",
+    }
+)
+"""Built-in rollout engines by name (``model.engine``; ``openai``: a remote OpenAI-compatible server, see
+:mod:`trine.models.openai_engine`); see :mod:`trine.models.protocol`. Each is imported when first looked up."""
+
 _EXPORTS = {
-    "ENGINES": "trine.models.engine",
     "RolloutModel": "trine.models.protocol",
     "PRESETS": "trine.models.tiny",
     "init_model": "trine.models.tiny",
@@ -20,7 +31,7 @@ _EXPORTS = {
     "resolve_dtype": "trine.models.loading",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["ENGINES", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:

@@ -67,3 +67,66 @@ def _delta(before: str, after: str) -> str:
             "per-turn loss masks need a prefix-consistent template (e.g. ChatML)"
         )
     return after[len(before) :]
+
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython", "function", "model")
+"""Role names chat templates write between their special tokens (``model``: Gemma's assistant)."""
+
+
+def decode_messages(tokenizer: Any, ids: list[int]) -> list[dict[str, str]] | None:
+    """The conversation a chat-templated prompt holds, as ``{"role", "content"}`` messages, without the
+    template's markup (``<|im_start|>user ...``); None when its tokens are not such a conversation.
+
+    The template's special tokens split the ids into pieces; a piece that starts with a role name
+    (``user\\nWhat is 2+3?``: ChatML, Gemma) or is one (``user`` between Llama-3's header tokens, its
+    content the next piece) opens a message. The generation prompt (an empty last assistant turn) is
+    left out. None when text lies outside any message or no role is found: the caller then shows
+    ``tokenizer.decode(ids, skip_special_tokens=True)``.
+    """
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items() if t.special}
+    pieces: list[list[int]] = [[]]
+    for i in ids:
+        if i in special:
+            pieces.append([])
+        else:
+            pieces[-1].append(i)
+    messages: list[dict[str, str]] = []
+    role: str | None = None  # named by the last piece, its content still to come
+    for text in (tokenizer.decode(p) for p in pieces if p):
+        first, newline, rest = text.partition("\n")
+        if first.strip() in CHAT_ROLES:
+            if role is not None:
+                messages.append({"role": role, "content": ""})
+            role = first.strip()
+            if not newline:
+                continue
+            content = rest
+        elif role is not None:
+            content = text
+        elif text.strip():
+            return None  # text outside any message: not a conversation this can read
+        else:
+            continue
+        messages.append({"role": role, "content": content.strip()})
+        role = None
+    while messages and messages[-1]["role"] in ("assistant", "model") and not messages[-1]["content"]:
+        messages.pop()  # the generation prompt
+    return messages or None
+
+
+def chat_text(messages: list[dict[str, Any]]) -> str:
+    """A chat as people read it (no template markup): a lone user message as its text, otherwise
+    ``role: text`` blocks."""
+    if len(messages) == 1 and messages[0].get("role") == "user":
+        return str(messages[0].get("content", ""))
+    return "\n\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in messages)
+
+
+def readable_prompt(tokenizer: Any, ids: list[int]) -> tuple[str, list[dict[str, str]] | None]:
+    """``(text, messages)`` of prompt token ids for people: the conversation (:func:`decode_messages`)
+    and its :func:`chat_text`, else the decoded text without special tokens and None."""
+    messages = decode_messages(tokenizer, ids)
+    if messages:
+        return chat_text(messages), messages
+    return tokenizer.decode(ids, skip_special_tokens=True), None

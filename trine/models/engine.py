@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from trine.models.chat import encode_prompt
+from trine.models.kv_cache import cache_kwargs
 from trine.models.prefix_cache import (
     Prefill,
     PrefixCache,
@@ -292,8 +293,8 @@ class HFEngine:
                 input_ids=tok[:, None],
                 attention_mask=batch.mask[:, : width + t + 1],
                 position_ids=batch.next_pos[:, None],
-                past_key_values=cache,
                 use_cache=True,
+                **cache_kwargs(self.model, cache),
             )
             batch.next_pos += 1
             logits = out.logits[:, -1].float()
@@ -482,11 +483,3 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return ids
-
-
-from trine.models.openai_engine import OpenAIEngine  # noqa: E402 - the table's other entry
-from trine.models.vllm_engine import VLLMEngine  # noqa: E402 - vllm itself is imported when one is built
-
-ENGINES: dict[str, type] = {"hf": HFEngine, "openai": OpenAIEngine, "vllm": VLLMEngine}
-"""Built-in rollout engines by name (``model.engine``; ``openai``: a remote OpenAI-compatible server, see
-:mod:`trine.models.openai_engine`); see :mod:`trine.models.protocol`."""

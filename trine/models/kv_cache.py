@@ -5,10 +5,15 @@ copies the whole cache each step (quadratic in length; on CPU it was ~70% of sam
 tokens). :func:`preallocated_cache` returns a ``DynamicCache`` whose full-attention layers keep one
 buffer of ``capacity`` positions, write new keys/values in place and hand attention a view of the
 filled part. Sliding-window or other special layers keep their own implementation.
+
+:func:`cache_kwargs` passes a cache to a model's ``forward`` under the name its transformers version
+takes: ``cache`` (newer releases, which deprecate ``past_key_values`` with a ``FutureWarning``), else
+``past_key_values`` (older releases, remote-code models).
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -79,3 +84,22 @@ def preallocated_cache(model: Any, capacity: int) -> DynamicCache:
     if all(type(layer) is DynamicLayer for layer in cache.layers) and cache.layers:
         cache.layers = [BufferLayer(capacity) for _ in cache.layers]
     return cache
+
+
+_CACHE_NAMES: dict[type, str] = {}
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``model(...)``: ``name`` is ``"cache"`` where the architecture's ``forward``
+    declares it (transformers renamed ``past_key_values`` and warns on the old name), else
+    ``"past_key_values"``. A PEFT wrapper is looked through to its base model (it forwards keywords)."""
+    getter = getattr(model, "get_base_model", None)
+    base = getter() if callable(getter) else model
+    kind = type(base)
+    if kind not in _CACHE_NAMES:
+        try:
+            params = inspect.signature(kind.forward).parameters
+        except (TypeError, ValueError, AttributeError):  # no inspectable forward: the long-standing name
+            params = {}
+        _CACHE_NAMES[kind] = "cache" if "cache" in params else "past_key_values"
+    return {_CACHE_NAMES[kind]: cache}

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trine.models.kv_cache import BufferLayer, preallocated_cache
+from trine.models.kv_cache import BufferLayer, cache_kwargs, preallocated_cache
 
 _MASK = (1 << 61) - 1
 
@@ -163,8 +163,8 @@ def prefill(
         input_ids=ids,
         attention_mask=mask,
         position_ids=pos,
-        past_key_values=cache,
         use_cache=True,
+        **cache_kwargs(model, cache),
         logits_to_keep=1,
     )
     return Prefill(cache, out.logits[:, -1].float(), mask, pos[:, -1] + 1)

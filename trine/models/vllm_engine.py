@@ -23,7 +23,7 @@ policy's local directory. It stays **token-in token-out** like :class:`~trine.mo
   stream (the engine seed and a request counter), which ``state_dict()`` saves and ``seeded()`` swaps.
 
 vLLM is imported inside functions only; without it the engine raises an ``ImportError`` naming
-``pip install 'trine[vllm]'``. The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+``pip install -e ".[vllm]"``. The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
 with one GPU (``tensor_parallel_size=1``), so weights move by reference, never through a socket.
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from trine.types import Completion, SamplingParams
 
-INSTALL = "pip install 'trine[vllm]'"
+INSTALL = 'pip install -e ".[vllm]"'
 RESERVED_ENGINE_ARGS = frozenset(
     {"model", "tokenizer", "seed", "dtype", "tensor_parallel_size", "logprobs_mode", "trust_remote_code",
      "gpu_memory_utilization", "max_model_len", "enable_sleep_mode", "enforce_eager", "enable_prefix_caching"}

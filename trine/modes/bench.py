@@ -8,7 +8,8 @@ settings of the checkpoint's stage (``stage_index`` in its ``loop_state.pt``) an
 
 One line per evaluated checkpoint is appended to ``<run_dir>/bench.jsonl``: ``step``, ``stage``,
 ``checkpoint``, ``settings`` (a digest of the eval settings), ``saved_ns`` (when the checkpoint was
-written) and the ``eval/<taskset>/*`` metrics. A checkpoint already there with the same settings and
+written), ``stage_start`` (the global step its stage began after: where the plot puts the stage boundary)
+and the ``eval/<taskset>/*`` metrics. A checkpoint already there with the same settings and
 write time is not evaluated again unless ``force``. ``<run_dir>/plots/bench.png`` is redrawn from it.
 
 Safe on a run that is still training: only complete checkpoints are listed
@@ -50,11 +51,14 @@ class BenchRow:
     metrics: dict[str, float]
     seconds: float = 0.0
     cached: bool = False
+    stage_start: int | None = None
+    """The global step the checkpoint's stage began after (its ``global_step`` − ``stage_step``): the
+    stage boundary of the plot lies just after it, however sparse the checkpoints are."""
 
     def line(self) -> dict[str, Any]:
         """The ``bench.jsonl`` record (metrics flat, like ``metrics.jsonl``'s ``eval/*`` keys)."""
         head = {"step": self.step, "stage": self.stage, "checkpoint": self.checkpoint}
-        head.update(settings=self.settings, saved_ns=self.saved_ns)
+        head.update(settings=self.settings, saved_ns=self.saved_ns, stage_start=self.stage_start)
         return {**head, **self.metrics, "bench/seconds": round(self.seconds, 3)}
 
 
@@ -135,8 +139,9 @@ def bench(
     say: Callable[[str], None] = print,
 ) -> BenchResult:
     """Evaluate the checkpoints ``checkpoints`` names (see :func:`select_checkpoints`) of the run of
-    ``stages``; ``say`` gets a line per checkpoint (evaluating, already benched, skipped)."""
-    import torch
+    ``stages``; ``say`` gets a line per checkpoint (evaluating, already benched, skipped) and the torch
+    threads chosen (:mod:`trine.threads`)."""
+    from trine.threads import threads_for
 
     if not any(cfg.tasks.eval for cfg in stages):
         raise BenchError(
@@ -146,21 +151,28 @@ def bench(
     result = BenchResult(run_dir_of(stages, run_dir))
     selected = select_checkpoints(result.run_dir, checkpoints)
     done = {(r.get("step"), r.get("settings"), r.get("saved_ns")): r for r in read_bench(result.run_dir)}
-    threads = torch.get_num_threads()
-    if stages[0].num_threads:  # as the run: CPU results depend on the thread count
-        torch.set_num_threads(stages[0].num_threads)
-    try:
+    with threads_for(stages[0].num_threads, say):  # as the run: CPU results depend on the thread count
         for step, path in selected:
             row = _bench_one(stages, step, path, done, force, result, say)
             if row is not None:
                 result.rows.append(row)
-    finally:
-        torch.set_num_threads(threads)
     if result.rows:
         from trine.monitor.bench_plot import plot_bench
 
-        result.plot = plot_bench(result.run_dir, read_bench(result.run_dir))
+        result.plot = plot_bench(result.run_dir, with_stage_starts(read_bench(result.run_dir), result.rows))
     return result
+
+
+def with_stage_starts(records: list[dict[str, Any]], rows: list[BenchRow]) -> list[dict[str, Any]]:
+    """``records`` with the ``stage_start`` of ``rows`` filled in where a line lacks it (lines written
+    before bench recorded it), so that their plot puts the stage boundary where the stage began."""
+    starts = {r.step: r.stage_start for r in rows if r.stage_start is not None}
+    return [
+        {**r, "stage_start": starts[r["step"]]}
+        if r.get("stage_start") is None and r.get("step") in starts
+        else r
+        for r in records
+    ]
 
 
 def _bench_one(
@@ -176,7 +188,8 @@ def _bench_one(
     files = _files(path)
     try:
         saved_ns = (path / "loop_state.pt").stat().st_mtime_ns
-        index = int(_loop_state(path).get("stage_index", 0))
+        state = _loop_state(path)
+        index = int(state.get("stage_index", 0))
     except Exception:  # re-raised unless the checkpoint was (partly) deleted meanwhile
         if not _gone(path, files):
             raise
@@ -190,20 +203,24 @@ def _bench_one(
     if not cfg.tasks.eval:
         return _note(result, say, f"step {step} (stage {cfg.stage}): that stage has no tasks.eval; skipped")
     settings = eval_settings(cfg)
+    start = _stage_start(state, step)
     old = done.get((step, settings, saved_ns))
     if old is not None and not force:
         _note(result, say, f"step {step}: already in {BENCH_FILE} with these eval settings (--force to redo)")
         metrics = {k: v for k, v in old.items() if k.startswith("eval/")}
-        return BenchRow(step, cfg.stage, str(path), settings, saved_ns, metrics, cached=True)
+        return BenchRow(
+            step, cfg.stage, str(path), settings, saved_ns, metrics, cached=True, stage_start=start
+        )
     say(f"step {step} (stage {cfg.stage}): evaluating {path}")
-    start = time.perf_counter()
+    tick = time.perf_counter()
     try:
         metrics = evaluate_checkpoint(cfg, path, step)
     except Exception:  # re-raised unless the checkpoint was (partly) deleted meanwhile
         if not _gone(path, files):
             raise
         return _note(result, say, f"warning: step {step}: {path} was removed meanwhile (rotation); skipped")
-    row = BenchRow(step, cfg.stage, str(path), settings, saved_ns, metrics, time.perf_counter() - start)
+    seconds = time.perf_counter() - tick
+    row = BenchRow(step, cfg.stage, str(path), settings, saved_ns, metrics, seconds, stage_start=start)
     with (result.run_dir / BENCH_FILE).open("a", encoding="utf-8") as out:
         out.write(json.dumps(row.line()) + "\n")
     return row
@@ -229,6 +246,12 @@ def _loop_state(path: Path) -> dict[str, Any]:
     import torch
 
     return torch.load(path / "loop_state.pt", weights_only=False, map_location="cpu")
+
+
+def _stage_start(state: dict[str, Any], step: int) -> int | None:
+    """The global step the checkpoint's stage began after (None for a checkpoint that does not say)."""
+    stage_step = state.get("stage_step")
+    return int(state.get("global_step", step)) - int(stage_step) if isinstance(stage_step, int) else None
 
 
 def _files(path: Path) -> set[str]:

@@ -11,7 +11,8 @@ the weights the trainer publishes into ``<run_dir>/weights`` (``sync.method: pub
   ``buffer.max_staleness``; each batch is put once under its name (``explorer-i``), so a restarted
   explorer continues after the last batch it put. It writes ``explorers/<i>/status.json`` and
   ``explorers/<i>/metrics.jsonl`` and stops when the trainer's run ends or its tasks run out.
-- **launcher** (:func:`launch`): ``trine run`` with ``launch: processes`` starts both and waits.
+- **launcher** (:func:`launch`): ``trine run`` with ``launch: processes`` starts both and waits, telling
+  each how many they are (:data:`trine.threads.SHARE_ENV`: ``num_threads: auto`` shares the free cores).
 
 Either side may start first: an explorer waits for the first published weights, the trainer for the first
 batch, each up to ``sync.wait_timeout``. All processes must agree on the settings they share
@@ -158,6 +159,7 @@ def explore(
     from trine import build
     from trine.monitor import build_monitor
     from trine.status import Heartbeat
+    from trine.threads import use_threads
 
     cfg = as_process(stages, "explore")
     run_dir = run_dir_of(cfg)
@@ -166,13 +168,11 @@ def explore(
         return "the trainer already finished this run"
     started, out = time.time(), run_dir / "explorers" / str(index)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.num_threads:  # as RunDir.open does for the trainer process
-        import torch
-
-        torch.set_num_threads(cfg.num_threads)
-    model, tokenizer = build.load_policy(cfg, weights=cfg.model.engine not in VLLM_ENGINES)
+    threads = use_threads(cfg.num_threads)  # as RunDir.open does for the trainer process
+    say = partial(print, flush=True)
+    model, tokenizer = build.load_policy(cfg, weights=cfg.model.engine not in VLLM_ENGINES, say=say)
     side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count, buffer)
-    heartbeat = Heartbeat(out, side.batches)
+    heartbeat = Heartbeat(out, side.batches, about={"threads": threads})
     monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=side.batches)
     stop = stop or threading.Event()
     watcher = threading.Thread(target=_watch, args=(run_dir, started, stop, side.sync), daemon=True)
@@ -214,14 +214,36 @@ def _explore_loop(cfg: RunConfig, side: Any, monitor: Any, heartbeat: Any, stop:
     queued = partial(queued_steps, side.buffer, batch)
     trainer_at = lambda: (side.sync.latest() or 0) + cfg.sync.sync_interval  # noqa: E731 - at most this far
     while not stop.is_set():
+        tick = time.perf_counter()
         version, waited = pace(side, trainer_at, queued, cfg.buffer.max_staleness, stop)
         if stop.is_set():
             break
         if not side.produce(version, stop=stop, extra={"explorer/paced_seconds": waited}):
             return "the trainer's run ended" if stop.is_set() else "its tasks ran out"
-        monitor.log({**side.report(), "explorer/version": float(version)}, side.batches)
+        report = {**side.report(), "explorer/version": float(version)}
+        monitor.log(report, side.batches)
+        print(
+            batch_line(side.producer or "explorer", side.batches, report, time.perf_counter() - tick),
+            flush=True,
+        )
         heartbeat.beat(side.batches)
     return "the trainer's run ended"
+
+
+def batch_line(name: str, batch: int, metrics: dict[str, float], seconds: float) -> str:
+    """An explorer process's console line for the batch it just put (``batch``: how many it has put, the
+    step of its ``metrics.jsonl`` line): ``explorer-0 batch 3 | weights v2 | reward 0.531 | len 4.2 |
+    time 1.23s (paced 0.40s)``; pending rewards show as ``reward pending 16``."""
+    from trine.monitor.sinks import fmt_number, reward_text, scalars
+
+    numbers = scalars(metrics)
+    parts = [f"{name} batch {batch}", f"weights v{numbers.get('explorer/version', 0):.0f}"]
+    parts += [text] if (text := reward_text(numbers)) else []
+    if "explorer/response_length_mean" in numbers:
+        parts.append(f"len {fmt_number(numbers['explorer/response_length_mean'])}")
+    paced = numbers.get("explorer/paced_seconds", 0.0)
+    parts.append(f"time {seconds:.2f}s" + (f" (paced {paced:.2f}s)" if paced >= 0.01 else ""))
+    return " | ".join(parts)
 
 
 def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConfig) -> int:
@@ -233,13 +255,16 @@ def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConf
             "the trainer ranks with `torchrun --nproc-per-node N -m trine.cli train CONFIG` and the explorers "
             "with `trine explore CONFIG --explorer-id I --explorers N` instead"
         )
+    from trine.threads import SHARE_ENV
+
     base = [sys.executable, "-m", "trine.cli"]
     extra = [*overrides, *(a for p in plugins for a in ("--plugin", str(p)))]
     n = cfg.explorer.instances
-    trainer = subprocess.Popen([*base, "train", str(config), *extra])
+    env = {**os.environ, SHARE_ENV: str(n + 1)}  # num_threads: auto shares the free cores among all of them
+    trainer = subprocess.Popen([*base, "train", str(config), *extra], env=env)
     explorers = [
         subprocess.Popen(
-            [*base, "explore", str(config), *extra, "--explorer-id", str(i), "--explorers", str(n)]
+            [*base, "explore", str(config), *extra, "--explorer-id", str(i), "--explorers", str(n)], env=env
         )
         for i in range(n)
     ]

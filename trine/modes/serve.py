@@ -148,22 +148,20 @@ def serve(
     from trine.modes.processes import ProcessSetupError, as_process, check_shared_config, run_dir_of
     from trine.monitor import build_monitor
     from trine.serve.app import create_app
+    from trine.threads import use_threads
 
     try:
         import fastapi  # noqa: F401
         import uvicorn
     except ImportError as err:
         raise ProcessSetupError(
-            f"trine serve needs fastapi and uvicorn ({err.name} is not installed): pip install 'trine[serve]'"
+            f'trine serve needs fastapi and uvicorn ({err.name} is not installed): pip install -e ".[serve]"'
         ) from None
     cfg = as_process(stages, "serve")
     run_dir = run_dir_of(cfg)
     check_shared_config(cfg, run_dir)
-    if cfg.num_threads:
-        import torch
-
-        torch.set_num_threads(cfg.num_threads)
-    model, tokenizer = build.load_policy(cfg)
+    use_threads(cfg.num_threads)
+    model, tokenizer = build.load_policy(cfg, say=lambda text: print(text, flush=True))
     engine, store, sync = build.build_server(cfg, model, tokenizer, run_dir, index)
     settings = settings_of(cfg, getattr(model.config, "max_position_embeddings", None))
     app = create_app(engine, store, settings)

@@ -221,25 +221,35 @@ def collect_series(records: list[dict[str, Any]]) -> Series:
 
 
 def stage_regions(records: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
-    """Consecutive runs of the ``"stage"`` field as (stage, start, end); boundaries fall between steps."""
-    regions: list[list[Any]] = []  # [stage, first step, last step]
+    """Consecutive runs of the ``"stage"`` field as (stage, start, end); boundaries fall between steps.
+
+    A boundary lies half a step after the last step of the earlier stage: a record's ``stage_start``
+    (the global step its stage began after, which ``bench.jsonl`` lines carry) says where that is;
+    without it, half-way between the last record of one stage and the first of the next (exact for
+    ``metrics.jsonl``, one line per step; a guess for sparse records such as checkpoints)."""
+    regions: list[list[Any]] = []  # [stage, first step, last step, stage_start or None]
     rows = sorted(
         (r for r in records if isinstance(r.get("stage"), str) and isinstance(r.get("step"), (int, float))),
         key=lambda r: r["step"],
     )
     for record in rows:
+        began = record.get("stage_start")
+        began = began if isinstance(began, (int, float)) and not isinstance(began, bool) else None
         if regions and regions[-1][0] == record["stage"]:
             regions[-1][2] = record["step"]
+            regions[-1][3] = began if regions[-1][3] is None else regions[-1][3]
         elif regions and regions[-1][2] == record["step"]:
             continue  # the next stage's start-of-stage eval, logged at the previous stage's last step
         else:
-            regions.append([record["stage"], record["step"], record["step"]])
-    out = []
-    for i, (stage, first, last) in enumerate(regions):
-        start = (regions[i - 1][2] + first) / 2 if i > 0 else first
-        end = (last + regions[i + 1][1]) / 2 if i + 1 < len(regions) else last
-        out.append((stage, start, end))
-    return out
+            regions.append([record["stage"], record["step"], record["step"], began])
+    cuts = []  # cuts[i]: the boundary between regions i and i + 1
+    for before, after in itertools.pairwise(regions):
+        known = after[3] is not None and before[2] <= after[3] + 0.5 <= after[1]
+        cuts.append(after[3] + 0.5 if known else (before[2] + after[1]) / 2)
+    return [
+        (stage, cuts[i - 1] if i > 0 else first, cuts[i] if i < len(cuts) else last)
+        for i, (stage, first, last, _) in enumerate(regions)
+    ]
 
 
 def ema(values: list[float], weight: float) -> list[float]:

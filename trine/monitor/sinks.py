@@ -59,7 +59,29 @@ def scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _fmt(value: float) -> str:
+REWARD_KEYS = ("explorer/reward_mean", "trainer/reward_mean", "explorer/reward_pending")
+"""The metrics behind a step line's ``reward``: see :func:`reward_text`."""
+
+
+def reward_text(numbers: dict[str, float]) -> str | None:
+    """The ``reward ...`` part of a console line: the explored batch's mean (``explorer/reward_mean``),
+    else the trained batch's (``trainer/reward_mean``: the explorer is another process, or its rewards
+    were still pending when it reported), else ``reward pending N`` (rewards not given yet), else a NaN
+    explorer mean as it is; None when the metrics have no reward at all."""
+    explored = numbers.get("explorer/reward_mean")
+    if explored is not None and math.isfinite(explored):
+        return f"reward {fmt_number(explored)}"
+    trained = numbers.get("trainer/reward_mean")
+    if trained is not None and math.isfinite(trained):
+        return f"reward {fmt_number(trained)}"
+    pending = numbers.get("explorer/reward_pending")
+    if pending:
+        return f"reward pending {pending:.0f}"
+    return None if explored is None else f"reward {fmt_number(explored)}"
+
+
+def fmt_number(value: float) -> str:
+    """A metric value for a console line: 3 significant digits (no decimals from 100 on)."""
     if not math.isfinite(value):
         return str(value)
     if abs(value) >= 1e6:
@@ -84,6 +106,9 @@ def _label(key: str) -> str:
 
 class ConsoleSink:
     """A rich progress bar plus one concise line per step.
+
+    The line's ``reward`` is the explored batch's, or where the explorer runs in another process (or its
+    rewards are pending) the trained batch's (:func:`reward_text`).
 
     On a terminal the bar (steps, elapsed, ETA) stays at the bottom and the step lines scroll above
     it. When the output is not a terminal (CI logs, files) there is no bar and no control codes:
@@ -132,9 +157,12 @@ class ConsoleSink:
         parts = [f"{f'[{stage}] ' if isinstance(stage, str) else ''}step {step}{total}"]
         numbers = scalars(metrics)
         for key in self._matching(numbers):
+            if key == REWARD_KEYS[0]:
+                parts.append(reward_text(numbers) or "")
+                continue
             value = numbers[key]
             parts.append(
-                f"time {value:.2f}s" if key == "time/step_seconds" else f"{_label(key)} {_fmt(value)}"
+                f"time {value:.2f}s" if key == "time/step_seconds" else f"{_label(key)} {fmt_number(value)}"
             )
         if not self.fancy:
             parts.append(self._timing(metrics, step, time.monotonic() if now is None else now))
@@ -144,6 +172,9 @@ class ConsoleSink:
         found: list[str] = []
         for pattern in self.keys:
             hits = sorted(fnmatch.filter(numbers, pattern)) if "*" in pattern else [pattern]
+            if pattern == REWARD_KEYS[0] and reward_text(numbers) is not None:
+                found += [pattern] if pattern not in found else []  # shown by reward_text, whichever is there
+                continue
             found += [key for key in hits if key in numbers and key not in found]
         return found
 

@@ -9,9 +9,12 @@
 - ``GET /api/config/schema``: every field of :class:`trine.config.RunConfig` and its sections as a dotted
   path with its type, default and docstring.
 - ``GET /api/config/templates`` and ``GET /api/config/template?id=``: the resolved config of each run
-  (``run:NAME``) and each ``--config`` file of the studio's command line (``file:N``).
+  (``run:NAME``) and each ``--config`` file of the studio's command line (``file:N``), with a fresh
+  run name to start it under (:func:`fresh_name`: ``NAME-2`` when ``NAME`` is taken).
 - ``POST /api/config/start {"yaml", "name"}``: validate, write the resolved config to
   ``RUNS/NAME/launch.yaml`` and start ``trine run`` on it as a detached process that outlives the studio.
+  The run is named ``NAME`` (its config's ``name`` and ``run_dir`` are set to it, whatever the template
+  said); a ``NAME`` already taken is refused (409) with a free name to use instead.
 
 Import paths (``"package.module:attr"``) are never loaded from the browser: validation runs under
 :func:`trine.registry.no_imports`, and a run started here refuses them too (``$TRINE_NO_IMPORTS``), so
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -200,17 +204,49 @@ def templates(settings: StudioSettings = Depends(studio)) -> dict[str, Any]:
     return {"templates": _run_templates(Path(settings.runs_dir)) + files}
 
 
+def fresh_name(runs_dir: Path, wanted: str) -> str:
+    """``wanted`` when no directory of that name is under ``runs_dir``, else the first free ``wanted-2``,
+    ``wanted-3``, ... (``run-2`` taken: ``run-3``, not ``run-2-2``)."""
+    if not (Path(runs_dir) / wanted).exists():
+        return wanted
+    numbered = re.fullmatch(r"(.+)-(\d+)", wanted)
+    stem, n = (numbered[1], int(numbered[2])) if numbered else (wanted, 1)
+    while (Path(runs_dir) / f"{stem}-{n + 1}").exists():
+        n += 1
+    return f"{stem}-{n + 1}"
+
+
+def _config_name(text: str, default: str) -> str:
+    """The ``name`` a config text gives its run, else ``default``, else ``run`` (the first of them that
+    is a usable run name)."""
+    try:
+        named = (yaml.safe_load(text) or {}).get("name")
+    except (yaml.YAMLError, AttributeError):
+        named = None
+    for name in (named, default):
+        if isinstance(name, str):
+            try:
+                return check_name(name)
+            except HTTPException:
+                pass
+    return "run"
+
+
 @router.get("/config/template")
 def template(id: str, settings: StudioSettings = Depends(studio)) -> dict[str, Any]:  # noqa: A002 - API name
-    """The YAML text of template ``id`` (``run:NAME`` or ``file:N``); 404 for an unknown one."""
+    """The YAML text of template ``id`` (``run:NAME`` or ``file:N``) and a fresh ``name`` to start it as
+    (:func:`fresh_name` of the run's name, or of the file's ``name``); 404 for an unknown one."""
     kind, _, key = id.partition(":")
+    runs_dir = Path(settings.runs_dir)
     if kind == "run":
-        path = run_path(Path(settings.runs_dir), key) / "config.yaml"
+        path = run_path(runs_dir, key) / "config.yaml"
         if not path.is_file():
             raise HTTPException(404, f"run {key!r} has no config.yaml yet; pick another template")
-        return {"yaml": path.read_text()}
+        return {"yaml": path.read_text(), "name": fresh_name(runs_dir, key)}
     if kind == "file" and key.isdigit() and int(key) < len(settings.config_files):
-        return {"yaml": Path(settings.config_files[int(key)]).read_text()}
+        file = Path(settings.config_files[int(key)])
+        text = file.read_text()
+        return {"yaml": text, "name": fresh_name(runs_dir, _config_name(text, file.stem))}
     raise HTTPException(
         404, f"unknown template {id!r}; expected 'run:NAME' or 'file:N' from GET /api/config/templates"
     )
@@ -218,7 +254,8 @@ def template(id: str, settings: StudioSettings = Depends(studio)) -> dict[str, A
 
 @router.post("/config/start")
 def start(body: StartBody, settings: StudioSettings = Depends(studio)) -> dict[str, Any]:
-    """Validate, write ``RUNS/NAME/launch.yaml`` and start ``trine run`` on it, detached: ``{name, pid}``."""
+    """Validate, write ``RUNS/NAME/launch.yaml`` and start ``trine run`` on it, detached: ``{name, pid}``
+    (and ``note`` when the config's own ``name`` was another: the run is named ``NAME``)."""
     result, stages = validate_text(body.yaml, base_dir(body.template, settings))
     if not result["ok"]:
         raise HTTPException(422, {"errors": result["errors"]})
@@ -228,10 +265,13 @@ def start(body: StartBody, settings: StudioSettings = Depends(studio)) -> dict[s
     if taken:
         raise HTTPException(
             409,
-            f"run {body.name!r} already exists under {runs_dir} (it has {', '.join(taken)}); pick another name",
+            f"run {body.name!r} already exists under {runs_dir} (it has {', '.join(taken)}); starting there "
+            f"would write into that run: pick another name, e.g. {fresh_name(runs_dir, body.name)!r}",
         )
     from trine.rundir import _resolved_config
 
+    said = stages[0].name
+    stages = [s.model_copy(update={"name": body.name}) for s in stages]  # the run is NAME, not the template's
     run_dir.mkdir(parents=True, exist_ok=True)
     config = yaml.safe_dump(_resolved_config(stages, run_dir), sort_keys=False)
     launch = run_dir / "launch.yaml"
@@ -239,8 +279,14 @@ def start(body: StartBody, settings: StudioSettings = Depends(studio)) -> dict[s
         with launch.open("x") as handle:  # exclusive: two starts of one name cannot both go on
             handle.write(config)
     except FileExistsError:
-        raise HTTPException(409, f"run {body.name!r} was just started; pick another name") from None
-    return {"name": body.name, "pid": launch_run(launch, settings)}
+        raise HTTPException(
+            409,
+            f"run {body.name!r} was just started; pick another name, e.g. {fresh_name(runs_dir, body.name)!r}",
+        ) from None
+    out: dict[str, Any] = {"name": body.name, "pid": launch_run(launch, settings)}
+    if said != body.name:
+        out["note"] = f"named {body.name!r} (the config said name: {said!r}); it writes to {run_dir}"
+    return out
 
 
 def launch_run(launch: Path, settings: StudioSettings) -> int:

@@ -17,9 +17,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from trine.buffer.states import STATES as STATUSES
 from trine.types import Experience
 
-STATUSES = ("pending", "ready", "trained", "stale", "expired", "rolled_back")
 PREVIEW = 160
 """Characters of the response shown in a list row."""
 FACET_TASKS = 200
@@ -44,16 +44,6 @@ class Filters:
     offset: int = 0
     limit: int = 50
     order: str = "seq"
-
-
-def inspect_status(status: str, expired: bool = False) -> str:
-    """The studio's status for a status of :mod:`trine.buffer.inspect` (``expired``: the row was
-    dropped because its pending reward timed out)."""
-    if status == "consumed":
-        return "trained"
-    if status == "dropped":
-        return "expired" if expired else "stale"
-    return status
 
 
 def summary(e: Experience, status: str, seq: int) -> dict[str, Any]:
@@ -194,22 +184,10 @@ def file_source(run_dir: Path, path: Path, stage: str | None) -> ListSource:
     key = (stat.st_mtime_ns, stat.st_size)
     cached = _FILE_CACHE.get(str(path))
     if cached is None or cached[0] != key:
-        expired = _expired_ids(path)
         rows = read_rows(run_dir, stage=stage)
-        out = [(e, inspect_status(s, e.id in expired), i + 1) for i, (e, s) in enumerate(rows or [])]
+        out = [(e, s, i + 1) for i, (e, s) in enumerate(rows or [])]
         _FILE_CACHE[str(path)] = cached = (key, ListSource("file", out))
     return cached[1]
-
-
-def _expired_ids(path: Path) -> set[str]:
-    """Ids a file log dropped because their pending reward timed out (an ``expired`` event, no reward)."""
-    from trine.buffer.files import _read_jsonl
-
-    out: set[str] = set()
-    for record in _read_jsonl(path):
-        if record.get("_event") == "expired" and record.get("reward") is None:
-            out.update(str(i) for i in record.get("ids", [record.get("id")]) if i is not None)
-    return out
 
 
 def memory_source(run_dir: Path) -> ListSource:
@@ -217,8 +195,7 @@ def memory_source(run_dir: Path) -> ListSource:
     checkpoint's ``loop_state.pt`` is read (not the trainer state with its optimizer)."""
     import torch
 
-    from trine.buffer.inspect import rows_from_state
-    from trine.cli_buffer import memory_buffer_note
+    from trine.buffer.inspect import memory_buffer_note, rows_from_state
     from trine.trainer.checkpoint import list_checkpoints
 
     found = list_checkpoints(run_dir / "checkpoints")

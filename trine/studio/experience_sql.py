@@ -18,36 +18,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql import visitors
 
-from trine.buffer.sql_schema import DROPPED, build_table, row_to_experience
+from trine.buffer.sql_schema import build_table, row_to_experience
+from trine.buffer.states import EXPIRED, STALE, sql_state, sql_state_clause
 from trine.studio.experience_rows import FACET_TASKS, PREVIEW, STATUSES, Filters, NoSource, finite
 from trine.types import Experience
 
 _ENGINES: dict[tuple[str, str], tuple[Any, Any]] = {}
 _LOCK = threading.Lock()
-
-
-def sql_status(reward_status: str, consumed_at: float | None, expired_at: float | None) -> str:
-    """The studio's status of a row: consumed (and not dropped) -> ``trained``; dropped -> ``expired``
-    when its pending reward timed out (``expired_at``), else ``stale``; otherwise ``reward_status``."""
-    if reward_status == DROPPED:
-        return "expired" if expired_at is not None else "stale"
-    if consumed_at is not None:
-        return "trained"
-    return reward_status
-
-
-def status_clause(t: Any, status: str, expired_at: Any = None) -> Any:
-    """The WHERE clause selecting the rows :func:`sql_status` maps to ``status`` (``expired_at``: that
-    column, or ``NULL`` for a table that lacks it; default ``t.c.expired_at``)."""
-    expired_at = t.c.expired_at if expired_at is None else expired_at
-    dropped = t.c.reward_status == DROPPED
-    if status == "trained":
-        return sa.and_(t.c.consumed_at.is_not(None), t.c.reward_status != DROPPED)
-    if status == "expired":
-        return sa.and_(dropped, expired_at.is_not(None))
-    if status == "stale":
-        return sa.and_(dropped, expired_at.is_(None))
-    return sa.and_(t.c.reward_status == status, t.c.consumed_at.is_(None))
 
 
 def _engine(url: str, table: str, identity: Any = None) -> Any:
@@ -129,7 +106,7 @@ class SqlSource:
         ]
 
     def _status(self, status: str) -> Any:
-        return status_clause(self.table, status, self._col("expired_at"))
+        return sql_state_clause(self.table, status, self._col("expired_at"))
 
     def _where(self, f: Filters) -> list[Any]:
         t = self.table
@@ -212,7 +189,7 @@ class SqlSource:
         out = []
         for row in rows:
             m = row._mapping
-            status = sql_status(m["reward_status"], m["consumed_at"], m.get("expired_at"))
+            status = sql_state(m["reward_status"], m["consumed_at"], m.get("expired_at"), m["reward"])
             out.append((row_to_experience(row), status, m["seq"]))
         return out
 
@@ -258,7 +235,7 @@ def _summary(r: Any) -> dict[str, Any]:
         "batch": r.batch,
         "policy_version": r.policy_version,
         "reward": finite(r.reward),
-        "status": sql_status(r.reward_status, r.consumed_at, r.expired_at),
+        "status": sql_state(r.reward_status, r.consumed_at, r.expired_at, r.reward),
         "kind": r.kind,
         "finish_reason": r.finish_reason,
         "prompt_length": r.prompt_length,
@@ -270,11 +247,11 @@ def _summary(r: Any) -> dict[str, Any]:
 def _facets(groups: list[Any], expired: int) -> dict[str, Any]:
     """Facets from the (kind, reward_status, not consumed) groups and the count of expired rows."""
     statuses = dict.fromkeys(STATUSES, 0)
-    statuses["expired"], statuses["stale"] = expired, -expired  # dropped rows are counted as stale below
+    statuses[EXPIRED], statuses[STALE] = expired, -expired  # dropped rows are counted as stale below
     kinds = set()
     spans: dict[str, list[Any]] = {"reward": [], "version": []}
     for g in groups:
-        status = sql_status(g.reward_status, None if g.open else 1.0, None)
+        status = sql_state(g.reward_status, None if g.open else 1.0, None)
         statuses[status] = statuses.get(status, 0) + g.n
         kinds.add(g.kind)
         for name in spans:

@@ -264,11 +264,12 @@ def readonly_engine(url: str) -> Any:
 
 
 def sql_counts(url: str, table_name: str) -> dict[str, int] | None:
-    """Rows of a SQL buffer table by status (pending, ready, trained, stale, expired, rolled_back, as
-    the experiences page names them) plus ``batches_waiting``; None when the SQLite file does not
+    """Rows of a SQL buffer table by state (:data:`trine.buffer.states.STATES`, the names ``trine
+    buffer`` and ``trine status`` use too) plus ``batches_waiting``; None when the SQLite file does not
     exist. SQLAlchemy errors propagate."""
     from trine.buffer.sql_sampling import batches_waiting
-    from trine.buffer.sql_schema import DROPPED, build_batches_table, build_table
+    from trine.buffer.sql_schema import build_batches_table, build_table
+    from trine.buffer.states import STATES, sql_state_counts
 
     parsed = sa.make_url(url)
     if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
@@ -278,19 +279,9 @@ def sql_counts(url: str, table_name: str) -> dict[str, int] | None:
         with engine.connect() as conn:
             tables = sa.inspect(conn)
             if not tables.has_table(table_name):
-                return {s: 0 for s in ("pending", "ready", "trained", "stale", "expired", "rolled_back")}
+                return dict.fromkeys(STATES, 0)
             t = build_table(sa.MetaData(), table_name)
-            untaken = t.c.consumed_at.is_(None)
-            conditions = {
-                "pending": (t.c.reward_status == "pending") & untaken,
-                "ready": (t.c.reward_status == "ready") & untaken,
-                "trained": t.c.consumed_at.is_not(None) & (t.c.reward_status != DROPPED),
-                "stale": (t.c.reward_status == DROPPED) & t.c.expired_at.is_(None),
-                "expired": (t.c.reward_status == DROPPED) & t.c.expired_at.is_not(None),
-                "rolled_back": (t.c.reward_status == "rolled_back") & untaken,
-            }
-            sums = [sa.func.coalesce(sa.func.sum(sa.case((c, 1), else_=0)), 0) for c in conditions.values()]
-            found = dict(zip(conditions, (int(n) for n in conn.execute(sa.select(*sums)).one())))
+            found: dict[str, int] = sql_state_counts(conn, t)
             b = build_batches_table(t.metadata, table_name)
             found["batches_waiting"] = batches_waiting(conn, b) if tables.has_table(b.name) else 0
     finally:
@@ -326,6 +317,7 @@ def _count(run_dir: Path, config: Any, out: dict[str, Any]) -> None:
     from trine.buffer.inspect import read_rows
     from trine.buffer.open import open_buffer, storage_arguments, storage_class
     from trine.buffer.sql import SQLBuffer
+    from trine.buffer.states import STATES
 
     cls = storage_class(config)
     if issubclass(cls, SQLBuffer):
@@ -341,12 +333,10 @@ def _count(run_dir: Path, config: Any, out: dict[str, Any]) -> None:
         if path.is_file() and path.stat().st_size > MAX_FILE_BUFFER_BYTES:
             out["note"] = f"{path} is over {MAX_FILE_BUFFER_BYTES >> 20} MB; not replayed to count its rows"
             return
-        names = {"consumed": "trained", "dropped": "stale"}
-        counts = dict.fromkeys(("pending", "ready", "trained", "stale", "rolled_back"), 0)
+        counts = dict.fromkeys(STATES, 0)
         for _, status in read_rows(run_dir) or []:
-            counts[names.get(status, status)] = counts.get(names.get(status, status), 0) + 1
+            counts[status] += 1
         out["counts"] = counts
-        out["note"] = "file log: expired rows are counted as stale"
     else:
         out["note"] = (
             f"buffer.storage {config.storage!r} keeps the buffer in the run's process: it cannot be "

@@ -302,12 +302,14 @@ def _read_version(path: Path) -> dict[str, Tensor]:
     meta = json.loads((path / META_FILE).read_text())
     try:
         stored = load_file(str(path / WEIGHTS_FILE))
-    except FileNotFoundError:
-        _same_publication(path, meta)
+    except (OSError, RuntimeError) as err:  # safetensors reports a vanished file as a RuntimeError
+        _same_publication(path, meta)  # replaced or retired meanwhile: _Replaced, the reader retries
+        if (path / WEIGHTS_FILE).exists():
+            raise
         raise ValueError(
             f"published weights {path} lack {WEIGHTS_FILE}; the directory was changed by hand: "
             f"delete it and let the trainer publish again."
-        ) from None
+        ) from err
     _same_publication(path, meta)
     missing = [k for k in meta["keys"] if k not in stored and meta["aliases"].get(k) not in stored]
     if missing:

@@ -1,4 +1,4 @@
-"""The tools of an MCP server, through the official ``mcp`` SDK (``pip install 'trine[agents]'``).
+"""The tools of an MCP server, through the official ``mcp`` SDK (``pip install -e ".[agents]"``).
 
 >>> server = MCPServer(command=[sys.executable, "examples/mcp_calculator/server.py"])   # stdio
 >>> async with MCPTools(server) as mcp:
@@ -342,7 +342,7 @@ def _require_mcp() -> None:
         import mcp  # noqa: F401
     except ImportError as err:
         raise ImportError(
-            "MCP tools need the `mcp` package (>= 2.3): pip install 'trine[agents]' (or pip install 'mcp>=2.3')."
+            'MCP tools need the `mcp` package (>= 2.3): pip install -e ".[agents]" (or pip install "mcp>=2.3").'
         ) from err
 
 

@@ -57,7 +57,7 @@ def _with_lora(model: nn.Module, settings: dict[str, Any], adapter_dir: str | No
         import peft
     except ImportError as err:
         raise ImportError(
-            "trainer.lora needs the peft package: pip install 'trine[lora]' (or remove trainer.lora)"
+            'trainer.lora needs the peft package: pip install -e ".[lora]" (or remove trainer.lora)'
         ) from err
     earlier = getattr(model, "trine_peft", None)
     if earlier is not None:  # an earlier stage of the run put adapters on this model: train them on

@@ -179,7 +179,9 @@ class Trainer:
     def step(self, experiences: list[Experience]) -> dict[str, float]:
         """One training step on one batch; returns ``trainer/*`` metrics and bumps the version.
         Experiences whose trajectory status is not in ``train_statuses`` stay out of the loss (and out
-        of their group's statistics), counted in ``trainer/excluded_status``."""
+        of their group's statistics), counted in ``trainer/excluded_status``. ``trainer/reward_mean`` is
+        the mean reward of the rollouts trained on (the rewards as they reached the trainer: delayed or
+        human ones landed, shaping applied), in every mode, also where the explorer runs elsewhere."""
         kept = [e for e in experiences if e.status in self.train_statuses]
         excluded = (
             {"trainer/excluded_status": float(len(experiences) - len(kept))}
@@ -227,6 +229,9 @@ class Trainer:
                 **excluded,
             }
         )
+        rewards = [float(e.reward) for e in experiences if e.kind == "rollout" and e.reward is not None]
+        if rewards:
+            metrics["trainer/reward_mean"] = sum(rewards) / len(rewards)
         return metrics
 
     # ------------------------------------------------------------------ preparing the inputs

@@ -15,38 +15,54 @@
   annotation queue for people to rate (``ask: rate``) or compare (``ask: pair``); docs/annotation.md.
 """
 
-from trine.workflows.base import RolloutModel, ScoreFn, Workflow, completion_experience
-from trine.workflows.envs import ENVIRONMENTS, GridWorld, grid_world_tasks
-from trine.workflows.human import HumanFeedbackWorkflow
-from trine.workflows.multi_turn import MultiTurnWorkflow
-from trine.workflows.single_turn import SingleTurnWorkflow
-from trine.workflows.step_wise import GridWorldWorkflow, StepWiseWorkflow
-from trine.workflows.tool_agent import ToolAgentWorkflow
-from trine.workflows.trajectory import Trajectory
+from __future__ import annotations
 
-WORKFLOWS = {
-    "single_turn": SingleTurnWorkflow,
-    "step_wise": StepWiseWorkflow,
-    "grid_world": GridWorldWorkflow,
-    "tool_agent": ToolAgentWorkflow,
-    "multi_turn": MultiTurnWorkflow,
-    "human_feedback": HumanFeedbackWorkflow,
+import importlib
+from typing import Any
+
+from trine.registry import Table
+
+WORKFLOWS = Table(
+    {
+        "single_turn": "trine.workflows.single_turn:SingleTurnWorkflow",
+        "step_wise": "trine.workflows.step_wise:StepWiseWorkflow",
+        "grid_world": "trine.workflows.step_wise:GridWorldWorkflow",
+        "tool_agent": "trine.workflows.tool_agent:ToolAgentWorkflow",
+        "multi_turn": "trine.workflows.multi_turn:MultiTurnWorkflow",
+        "human_feedback": "trine.workflows.human:HumanFeedbackWorkflow",
+    }
+)
+"""Built-in workflows by name (registry kind ``workflow``), each imported when first looked up."""
+
+# Names are imported on first use (module ``__getattr__``), so looking up one workflow does not import
+# the others (``human_feedback`` brings SQLAlchemy, ``tool_agent`` the tools).
+_EXPORTS = {
+    "ENVIRONMENTS": "trine.workflows.envs",
+    "GridWorld": "trine.workflows.envs",
+    "GridWorldWorkflow": "trine.workflows.step_wise",
+    "HumanFeedbackWorkflow": "trine.workflows.human",
+    "MultiTurnWorkflow": "trine.workflows.multi_turn",
+    "RolloutModel": "trine.workflows.base",
+    "ScoreFn": "trine.workflows.base",
+    "SingleTurnWorkflow": "trine.workflows.single_turn",
+    "StepWiseWorkflow": "trine.workflows.step_wise",
+    "ToolAgentWorkflow": "trine.workflows.tool_agent",
+    "Trajectory": "trine.workflows.trajectory",
+    "Workflow": "trine.workflows.base",
+    "completion_experience": "trine.workflows.base",
+    "grid_world_tasks": "trine.workflows.envs",
 }
 
-__all__ = [
-    "ENVIRONMENTS",
-    "WORKFLOWS",
-    "GridWorld",
-    "GridWorldWorkflow",
-    "HumanFeedbackWorkflow",
-    "MultiTurnWorkflow",
-    "RolloutModel",
-    "ScoreFn",
-    "SingleTurnWorkflow",
-    "StepWiseWorkflow",
-    "ToolAgentWorkflow",
-    "Trajectory",
-    "Workflow",
-    "completion_experience",
-    "grid_world_tasks",
-]
+__all__ = ["WORKFLOWS", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'trine.workflows' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

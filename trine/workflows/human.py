@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from trine.blocking import run_blocking
 from trine.feedback.queue import AnnotationQueue, Item, normalize_url, queue_url
+from trine.models.chat import chat_text
 from trine.types import Experience, Task
 from trine.workflows.base import RolloutModel, ScoreFn
 from trine.workflows.single_turn import SingleTurnWorkflow
@@ -102,8 +103,11 @@ class HumanFeedbackWorkflow:
 
     def items(self, task: Task, experiences: list[Experience]) -> list[Item]:
         """The annotation items of one task's experiences; marks each experience with its item's id."""
-        prompt = render_prompt(task.messages())
-        meta: dict[str, Any] = {"task_id": task.task_id, "taskset": task.taskset}
+        messages = [
+            {"role": str(m.get("role", "")), "content": str(m.get("content", ""))} for m in task.messages()
+        ]
+        prompt = chat_text(messages)
+        meta: dict[str, Any] = {"task_id": task.task_id, "taskset": task.taskset, "messages": messages}
         if task.answer is not None:
             meta["answer"] = str(task.answer)  # a reference for the annotator, never shown as a response
         if self.ask == "rate":
@@ -151,13 +155,6 @@ def argument_problems(ask: Any, scale: Any, timeout: Any) -> list[str]:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         problems.append(f"timeout={timeout!r}; expected the seconds an item waits for a person (> 0)")
     return problems
-
-
-def render_prompt(messages: list[dict[str, Any]]) -> str:
-    """The chat as people read it: a lone user message as its text, otherwise ``role: text`` blocks."""
-    if len(messages) == 1 and messages[0].get("role") == "user":
-        return str(messages[0].get("content", ""))
-    return "\n\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in messages)
 
 
 def _response(e: Experience) -> dict[str, Any]:

@@ -171,7 +171,7 @@ export function mount(root, { name }) {
       conflict
         ? h("div", { class: "error-box" }, conflict, " ", h("button", { class: "link", onclick: () => drop(item) }, "drop this item"))
         : null,
-      h("div", { class: "prompt" }, h("div", { class: "response-label" }, "Prompt"), h("pre", {}, item.prompt)),
+      h("div", { class: "prompt" }, h("div", { class: "response-label" }, "Prompt"), promptView(item)),
       body,
       h("div", { class: "controls" }, controls),
     );
@@ -216,6 +216,18 @@ export function mount(root, { name }) {
   checkToken();
   render();
   return every(5000, refreshCounts);
+}
+
+/** The prompt: its conversation message by message (role, then text) when the item has one, else its text. */
+function promptView(item) {
+  if (!Array.isArray(item.messages) || !item.messages.length) return h("pre", {}, item.prompt);
+  return h(
+    "ol",
+    { class: "messages" },
+    item.messages.map((m) =>
+      h("li", { class: "message", dataset: { role: m.role } }, h("div", { class: "turn-role" }, m.role), h("pre", {}, m.content)),
+    ),
+  );
 }
 
 function choiceClass(selected) {

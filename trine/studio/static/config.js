@@ -10,7 +10,7 @@ export const NAME = "config";
 
 export function mount(root, _params, params) {
   setCrumbs(["config editor"]);
-  const state = { fields: {}, errors: [], ok: false, checking: false, request: 0, line: 0, template: null };
+  const state = { fields: {}, errors: [], ok: false, checking: false, request: 0, line: 0, template: null, suggested: "" };
   const templates = h("select", { "aria-label": "template", onchange: (e) => loadTemplate(e.target.value) });
   const textarea = h("textarea", { id: "yaml", spellcheck: "false", wrap: "off", autocomplete: "off", "aria-label": "config YAML" });
   const gutter = h("div", { class: "gutter" });
@@ -199,7 +199,7 @@ export function mount(root, _params, params) {
       const body = { yaml: textarea.value, name: nameInput.value.trim(), template: state.template || null };
       const result = await api("/config/start", { method: "POST", body, quiet: true });
       const link = h("a", { href: `#/run/${enc(result.name)}`, id: "started-link" }, result.name);
-      fill(startResult, "Started ", link, ` (pid ${result.pid}).`);
+      fill(startResult, "Started ", link, ` (pid ${result.pid}).`, result.note ? h("div", { class: "muted small" }, result.note) : null);
     } catch (err) {
       const errors = err.detail && err.detail.errors;
       fill(startResult, errorBox(errors ? errors.map(message).join("; ") : err));
@@ -213,8 +213,9 @@ export function mount(root, _params, params) {
       const data = await api(`/config/template${query({ id })}`, { quiet: true });
       textarea.value = data.yaml;
       state.template = id; // a --config file's relative paths resolve against its own directory
-      const run = id.startsWith("run:") ? id.slice(4) : "";
-      if (!nameInput.value && run) nameInput.value = `${run}-copy`;
+      // a fresh name (the template's run is never written into): kept if the user typed their own
+      if (data.name && (!nameInput.value || nameInput.value === state.suggested)) nameInput.value = data.name;
+      state.suggested = data.name;
       layout();
       validate();
     } catch (err) {

@@ -37,7 +37,7 @@ def gym_make(env_id: str, **kwargs: Any) -> Any:
     except ImportError as err:
         raise ImportError(
             f"env 'gym' needs the gymnasium package ({err}); install it with "
-            "pip install 'trine[envs]' (or pip install gymnasium)."
+            'pip install -e ".[envs]" (or pip install gymnasium).'
         ) from err
     if not isinstance(env_id, str) or (":" not in env_id and env_id not in gymnasium.registry):
         raise ValueError(

@@ -43,7 +43,7 @@ def _textarena() -> Any:
     except ImportError as err:
         raise ImportError(
             f"env 'textarena' needs the textarena package ({err}); install it with "
-            "pip install 'trine[envs]' (or pip install textarena)."
+            'pip install -e ".[envs]" (or pip install textarena).'
         ) from err
     return textarena
 
