@@ -74,6 +74,24 @@ class Table(Mapping[str, Any]):
         return f"Table({self.paths!r})"
 
 
+def lazy_exports(package: str, exports: dict[str, str], namespace: dict[str, Any]):
+    """``(__getattr__, __dir__)`` for a package whose public names (``exports``: name -> module) are
+    imported on first use (PEP 562), so that importing the package, and checking names in its tables,
+    imports nothing heavy. Each value is cached in the package's ``namespace`` once imported."""
+
+    def getattr_(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(exports[name]), name)
+        namespace[name] = value
+        return value
+
+    def dir_() -> list[str]:
+        return sorted(set(namespace) | set(exports))
+
+    return getattr_, dir_
+
+
 NO_IMPORTS_ENV = "TRINE_NO_IMPORTS"
 """Environment variable: when set (to a reason), import paths are refused in this process as under
 :func:`no_imports` (the studio sets it for the runs it starts)."""

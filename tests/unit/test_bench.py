@@ -179,8 +179,8 @@ def test_each_checkpoint_is_benched_with_its_own_stages_eval_settings(tmp_path, 
 
 
 def test_the_plot_puts_the_stage_boundary_where_the_first_stage_ended(tmp_path, tiny_model_dir):
-    """examples/arithmetic in miniature: its sft stage ends at step 200 of 500 and checkpoints only at
-    stage ends (200, 500), so half-way between the checkpoints (350) is not the boundary. Here stage a
+    """examples/arithmetic in miniature: its sft stage ends at step 300 of 600 and checkpoints only at
+    stage ends (300, 600), so half-way between the checkpoints (450) is not the boundary. Here stage a
     ends at step 1 and b checkpoints only its last step, 4: the boundary is 1.5 (after step 1), as on
     the run's own plot, not 2.5."""
     two = {

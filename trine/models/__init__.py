@@ -6,10 +6,7 @@ torch or transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from trine.registry import Table
+from trine.registry import Table, lazy_exports
 
 ENGINES = Table(
     {
@@ -34,13 +31,4 @@ _EXPORTS = {
 __all__ = ["ENGINES", *sorted(_EXPORTS)]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'trine.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
