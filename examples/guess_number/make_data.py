@@ -3,9 +3,9 @@
 - ``data/train.jsonl`` / ``data/eval.jsonl``: one game per row (its ``seed`` draws the secret).
 - ``data/sft.jsonl``: a warm-up of whole games played by a weak policy: each guess follows the hints
   (drawn from the range they leave) with probability ``--follow``, else it is drawn from the whole range.
-  It teaches the format and a little use of the hints (such a policy solves 64% of the games); RL then
-  sharpens it. (A warm-up on guesses that ignore the hints teaches tiny-1m to ignore them, and RL did
-  not find their use from there in 100 steps.)
+  It teaches the format (such a policy solves 64% of the games: ``--players``); RL then sharpens the
+  player. (A warm-up on guesses that ignore the hints teaches tiny-1m to ignore them, and RL did not
+  find their use from there in 100 steps.)
 
 ``--players`` writes no data: it plays 100,000 games with each scripted player (one who ignores the
 hints, the weak player of ``data/sft.jsonl``, one who guesses inside the range the hints leave, and
@@ -77,10 +77,10 @@ def players(high: int, turns: int, follow: float, games: int = 100_000) -> None:
         for i in range(games):
             game = HigherLower(high=high)
             game.reset(seed=i)
-            for turn in range(1, turns + 1):
+            done, turn = False, 0
+            while not done and turn < turns:
                 _, _, done, _, _ = game.step(str(policy(game, rng)))
-                if done:
-                    break
+                turn += 1
             solved, played = solved + done, played + turn
         print(f"{name}: solves {100 * solved / games:.0f}% in {played / games:.1f} turns per game")
 

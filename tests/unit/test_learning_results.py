@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("learning_results", ROOT / "scripts" / "learning_results.py")
+    spec = importlib.util.spec_from_file_location(
+        "learning_results", ROOT / "scripts" / "learning_results.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -55,7 +57,6 @@ def test_spread_covers_every_run_and_two_standard_deviations():
     assert abs(script.spread(values) - 0.81) < 1e-9
 
 
-
 def test_a_curve_has_a_column_per_eval_step_and_step_metrics_their_first_and_last_window():
     script = _script()
     job = script.Job(
@@ -78,6 +79,7 @@ def test_a_curve_has_a_column_per_eval_step_and_step_metrics_their_first_and_las
         "|---|---|---|",
         "| `tools/calls` | 4.00 ± 2.83 | 115 ± 14 |",
     ]
+
 
 def test_install_commands_use_the_constraints_which_never_pin_torch():
     text = (ROOT / "README.md").read_text()
