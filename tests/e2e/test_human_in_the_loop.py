@@ -153,7 +153,7 @@ def test_live_ratings_become_the_rewards_the_run_trains_on(tmp_path, tiny_model_
     answers = live_run(example("rate", tmp_path, tiny_model_dir, small), tmp_path, "rate", rating)
     run_dir = tmp_path / "rate"
     rows = read_rows(run_dir)
-    trained = [e for e, status in rows if status == "consumed"]
+    trained = [e for e, status in rows if status == "trained"]
     assert len(rows) == len(trained) == 2 * 2 * 2  # every explored experience was rated and trained
     queue = AnnotationQueue(queue_url(run_dir))
     items = {item.id: item for item in queue.items(limit=1000)}

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_the_main_job_ends_within_the_readme_spread(tmp_path):
-    spec = importlib.util.spec_from_file_location("learning_results", ROOT / "scripts" / "learning_results.py")
+    spec = importlib.util.spec_from_file_location(
+        "learning_results", ROOT / "scripts" / "learning_results.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     mean, band = script.final("main", "avg@8")
