@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,22 @@ def read_metrics(run_dir: Path) -> list[dict]:
         for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
         if line.strip()
     ]
+
+
+def trine_process(*args: str, unbuffered: bool = False) -> subprocess.Popen:
+    """``trine ARGS`` as a child process in its own session (output piped, one torch thread, Ray's local
+    auth off); ``unbuffered`` for tests that time each printed line."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    return subprocess.Popen(
+        [sys.executable, "-m", "trine.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,13 @@ is never empty, as real ``trine`` commands print them."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.conftest import EXAMPLE, write_arithmetic_config
+from tests.e2e.conftest import trine_process
 
 pytestmark = pytest.mark.slow
 
@@ -24,16 +22,8 @@ CONSOLE = {"num_threads": 1, "monitor": {"sinks": ["console", "jsonl"], "plot": 
 def trine_lines(*args: str, timeout: float = 240) -> list[tuple[float, str]]:
     """Run ``trine ARGS`` and return each line of its output (stdout and stderr) with the seconds since
     the start at which it arrived; asserts exit code 0."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
     start = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trine.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    proc = trine_process(*args, unbuffered=True)
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -11,14 +11,13 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import EXAMPLE, read_metrics
+from tests.e2e.conftest import EXAMPLE, read_metrics, trine_process
 
 pytest.importorskip("ray", reason="the Ray tests need ray (the `ray` extra)")
 
@@ -29,18 +28,6 @@ STEPS = 40
 LIFT = 0.08
 """avg@8 lift over 40 async steps from the SFT start, with an explorer killed at step 10. The other async
 layouts lift 0.19-0.25 in 50 steps (test_delayed_rewards.py); measured here: see the test's message."""
-
-
-def _trine(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "trine.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
 
 
 def _kill_explorer_mid_run(run_dir: Path, proc: subprocess.Popen, limit: float = 240) -> int:
@@ -90,7 +77,7 @@ def test_ray_run_learns_and_survives_a_killed_explorer(sft_start, arithmetic_con
         name="ray",
     )
     run_dir = tmp_path / "ray"
-    proc = _trine("run", str(cfg))
+    proc = trine_process("run", str(cfg))
     killed_at = _kill_explorer_mid_run(run_dir, proc)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
@@ -130,7 +117,7 @@ def test_two_trainer_rank_actors_split_each_step(arithmetic_config, tmp_path):
         },
         name="ranks",
     )
-    proc = _trine("run", str(cfg))
+    proc = trine_process("run", str(cfg))
     out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out
     assert re.search(r"trainer\s+2\s+0\.4\s", out), out  # the printed resource plan: two trainer actors
@@ -152,7 +139,7 @@ def test_a_resource_request_no_node_can_grant_is_refused_before_anything_starts(
         },
         name="toobig",
     )
-    proc = _trine("run", str(cfg))
+    proc = trine_process("run", str(cfg))
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 2, out
     assert "asks for 3.6 CPUs" in out and "has 2" in out, out  # 0.5 + 0.1 + 2 × 1.5
@@ -177,7 +164,7 @@ def test_a_ray_run_shows_rewards_and_ends_with_the_summary_like_the_other_modes(
         },
         name="story",
     )
-    proc = _trine("run", str(cfg))
+    proc = trine_process("run", str(cfg))
     out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out
     assert len(re.findall(r"\[main\] step \d/3 \| reward \d", out)) == 3, out
