@@ -167,9 +167,14 @@ def test_a_ray_run_shows_rewards_and_ends_with_the_summary_like_the_other_modes(
     proc = trine_process("run", str(cfg))
     out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out
-    assert len(re.findall(r"\[main\] step \d/3 \| reward \d", out)) == 3, out
+    # Ray forwards actors' output on its own schedule and may lose an actor's last line at shutdown (seen
+    # once in CI: step 3's line missing, the table's step count 3): every step line that arrived shows a
+    # reward, and none arrives after the table.
+    steps = re.findall(r"\[main\] step \d/3 \|[^\n]*", out)
+    assert len(steps) >= 2 and all(" | reward " in line for line in steps), out
     assert "explorer-0 batch 1 | weights v0 | reward " in out, out
     table = out[out.index("Trine run summary") :]
-    assert out.rindex("[main] step 3/3") < out.index("Trine run summary"), out  # the table ends the run
+    assert "[main] step" not in table, out  # the table ends the run
+    assert re.search(r"steps\s*│\s*0\s*│\s*3\s*│", table), out
     assert "reward (mean of 1 step)" in table and "steps" in table, out
     assert f"run directory: {tmp_path / 'story'}" in table, out
