@@ -11,7 +11,7 @@
    requests failed (target: none), the update's duration, and the slowest request overlapping it.
 
 4. **Two servers of one run, new weights published three times** (``--no-pair`` skips it): each server
-   has its own engine and :class:`~trine.modes.serve.WeightsWatcher`, clients keep calling both.
+   has its own engine and :class:`~trine.launch.serve.WeightsWatcher`, clients keep calling both.
    Reported: each server's load intervals, the seconds both were loading at once (target: 0, the run's
    reload lock staggers them), and failed requests.
 
@@ -117,7 +117,7 @@ async def pair(path, tokens: int, clients: int) -> dict[str, float]:
     import uvicorn
     from openai import AsyncOpenAI
 
-    from trine.modes.serve import WeightsWatcher
+    from trine.launch.serve import WeightsWatcher
     from trine.sync import PublishedWeights
 
     run_dir = Path(tempfile.mkdtemp(prefix="serve-pair-"))

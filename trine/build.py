@@ -16,16 +16,11 @@ from pydantic import BaseModel
 
 from trine import registry
 from trine.config import VLLM_ENGINES, ExplorerConfig, RunConfig, TasksetConfig, TrainerConfig, VLLMConfig
-from trine.roles import (
-    BufferSource,
-    Evaluator,
-    ExpertRows,
-    ExplorerSide,
-    Shaping,
-    Stage,
-    SupervisedSource,
-    TrainerSide,
-)
+from trine.explorer.evaluator import Evaluator
+from trine.explorer.side import ExpertRows, ExplorerSide, Shaping
+from trine.stage import Stage
+from trine.trainer.side import TrainerSide
+from trine.trainer.sources import BufferSource, SupervisedSource
 
 log = logging.getLogger("trine")
 
@@ -75,7 +70,7 @@ ROUTED: dict[type[BaseModel], dict[str, str]] = {
         "keep_checkpoints": "the checkpoint writer (trine.rundir)",
         "critic_lr": "the critic (trine.trainer.critic)",
         "critic_warmup_steps": "the critic (trine.trainer.critic)",
-        "batch_size": "the trainer side (trine.roles.TrainerSide)",
+        "batch_size": "the trainer side (trine.trainer.side.TrainerSide)",
         "lora": "the policy preparation (trine.trainer.policy)",
         "gradient_checkpointing": "the policy preparation (trine.trainer.policy)",
         "fsdp": "the policy preparation (trine.trainer.policy)",
@@ -220,7 +215,7 @@ def process_sync(cfg: RunConfig, run_dir: Path, role: str) -> Any:
 def build_server(
     cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, index: int = 0
 ) -> tuple[Any, Any, Any]:
-    """What ``trine serve`` wires (:mod:`trine.modes.serve`): the rollout engine, the session store
+    """What ``trine serve`` wires (:mod:`trine.launch.serve`): the rollout engine, the session store
     writing into the run's SQL buffer, and the weights the trainer publishes."""
     from trine.serve.sessions import SessionStore
     from trine.sync import PublishedWeights
@@ -262,7 +257,7 @@ def _run_dir_args(ts: TasksetConfig, run_dir: Path | None) -> dict[str, Any]:
 
 def _buffer_stage(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, run_dir: Path) -> Stage:
     """``mode: train`` with ``tasks.source: buffer``: the trainer on the rows of the configured buffer
-    (:class:`~trine.roles.BufferSource`), ``tasks.batch_size`` rows (pairs for a pairwise algorithm, given
+    (:class:`~trine.trainer.sources.BufferSource`), ``tasks.batch_size`` rows (pairs for a pairwise algorithm, given
     out whole: ``whole_groups``) per step, plus evaluation."""
     from trine.buffer import open_buffer
     from trine.buffer.open import SQL_STORAGES
@@ -295,7 +290,7 @@ def _trainer_process(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) ->
         side.buffer = open_buffer(cfg.buffer, run_dir, rewind="reads")
         side.sync = process_sync(cfg, run_dir, "trainer")
     else:  # trainer ranks (torchrun): rank 0 takes the batches for all and sends the weights
-        from trine.ranked import GatherOnly, RankedBuffer
+        from trine.trainer.ranked import GatherOnly, RankedBuffer
 
         leader = rank == 0
         device = side.trainer.device if side.trainer.device.type == "cuda" else None
@@ -579,7 +574,7 @@ def build_eval_explorer(cfg: RunConfig, model: Any, tokenizer: Any) -> Any:
 
 
 def build_trainer_stage(cfg: RunConfig, model: Any, tokenizer: Any, source: Any) -> Stage:
-    """A trainer-only stage on ``source`` (a :class:`~trine.roles.Source` with a length: the steps of a
+    """A trainer-only stage on ``source`` (a :class:`~trine.trainer.sources.Source` with a length: the steps of a
     replay, ``trine train --replay``), built as :func:`build_stage` builds the trainer side for ``cfg``
     (same algorithm, trainer settings, seed and schedule length), with no buffer, weight sync, explorer
     or evaluation."""

@@ -1,6 +1,6 @@
 """The loop: tasks → explorer → buffer → trainer → weights, and its modes, in data-flow order.
 
-A run is a list of stages (one unless the config chains several); each stage's roles (:mod:`trine.roles`)
+A run is a list of stages (one unless the config chains several); each stage's roles (:mod:`trine.stage`)
 are built by :mod:`trine.build` and driven by its mode's step generator (:mod:`trine.modes`: ``sync``,
 ``offset``, ``train`` — different wirings of the same objects), which yields one metrics dict per
 training step. This module keeps what every mode shares: stages, evaluation and checkpoint cadence,
@@ -12,18 +12,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trine import build, modes, preflight
+from trine import build, modes
 from trine.config import RunConfig
+from trine.inspect import preflight
 from trine.monitor.summary import track_step
-from trine.roles import Stage
 from trine.rundir import RunDir
+from trine.stage import Stage
 from trine.status import check_stop
 from trine.trainer.ranks import rank_stages
 
 
 def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[str, Any]:
     """Run every stage in order (resuming where the run directory left off); returns the summary.
-    ``part="trainer"``: the trainer process of an async run (:mod:`trine.modes.processes`); ``source``:
+    ``part="trainer"``: the trainer process of an async run (:mod:`trine.launch.processes`); ``source``:
     train on it alone (a replay, :mod:`trine.modes.replay`)."""
     if part == "all":  # several trainer ranks under torchrun: this rank's view (`trine train`: its own call)
         stages = rank_stages(stages, part)

@@ -2,7 +2,7 @@
 
 ``RunDir.open(stages)`` prepares ``runs/<name>/`` (or continues it), loads the policy (from the
 last checkpoint when resuming) and the monitor; ``save``/``restore`` checkpoint and restore a
-stage (:meth:`trine.roles.Stage.state_dict` / :func:`restore_stage`: what a checkpoint holds besides
+stage (:meth:`trine.stage.Stage.state_dict` / :func:`restore_stage`: what a checkpoint holds besides
 the weights);
 ``finish``/``interrupted``/``fail`` record how the run ended in ``status.json`` (see
 :mod:`trine.status`: pid, host, torch threads and a heartbeat while it runs) so that a directory whose run
@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from trine.config import RunConfig
-from trine.roles import Stage
+from trine.stage import Stage
 from trine.status import Heartbeat, read_status, write_status
 
 log = logging.getLogger("trine.rundir")

@@ -85,18 +85,18 @@ class Crash(RuntimeError):
 def run_crashing_after_step(config: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run ``config`` until the trainer has logged ``step``, then crash it (the next step's batch may be
     explored already, not trained); the run directory is left as a crash leaves it."""
-    import trine.roles
+    import trine.stage
     from trine.config import load_config
     from trine.loop import run
 
-    consume = trine.roles.TrainerSide.consume
+    consume = trine.trainer.side.TrainerSide.consume
 
     def crash_after(side):
         if side.version == step:
             raise Crash(f"simulated crash after step {step}")
         return consume(side)
 
-    monkeypatch.setattr(trine.roles.TrainerSide, "consume", crash_after)
+    monkeypatch.setattr(trine.trainer.side.TrainerSide, "consume", crash_after)
     with pytest.raises(Crash):
         run(load_config(config))
     monkeypatch.undo()

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import EXAMPLE, write_arithmetic_config
 from trine.config import load_config
-from trine.modes.bench import bench, read_bench
+from trine.launch.bench import bench, read_bench
 from trine.status import read_status
 from trine.trainer.checkpoint import list_checkpoints
 

@@ -8,12 +8,12 @@ import json
 import pytest
 import yaml
 
-import trine.roles
+import trine.stage
 from tests.e2e.conftest import EXAMPLE, read_metrics
 from tests.unit.test_trackers import wandb_history
 from trine.config import load_config
+from trine.explorer.evaluator import Evaluator
 from trine.loop import run
-from trine.roles import Evaluator
 
 EVAL_TABLE_ROWS = Evaluator.table_rows  # rollouts per eval taskset sent to the monitor as a table
 
@@ -30,7 +30,7 @@ def test_config_yaml_records_the_default_run_directory(arithmetic_config, tmp_pa
 
 
 def test_ctrl_c_ends_stopped_and_the_next_run_resumes(arithmetic_config, tmp_path, monkeypatch, capsys):
-    consume = trine.roles.TrainerSide.consume
+    consume = trine.trainer.side.TrainerSide.consume
 
     def interrupt_at_step_3(side):
         if side.version == 2:  # steps done (one stage, one version per step)
@@ -38,7 +38,7 @@ def test_ctrl_c_ends_stopped_and_the_next_run_resumes(arithmetic_config, tmp_pat
         return consume(side)
 
     cfg = arithmetic_config({"trainer": {"save_every": 1}, "tasks": {"total_steps": 4}}, name="ctrlc")
-    monkeypatch.setattr(trine.roles.TrainerSide, "consume", interrupt_at_step_3)
+    monkeypatch.setattr(trine.trainer.side.TrainerSide, "consume", interrupt_at_step_3)
     with pytest.raises(KeyboardInterrupt):
         run(load_config(cfg))
     monkeypatch.undo()

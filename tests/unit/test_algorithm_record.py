@@ -1,6 +1,6 @@
 """The algorithm record and its config section: each algorithm field is written once.
 
-``Algorithm`` (trine/algorithms/presets.py) is the record; ``AlgorithmConfig`` (trine/config.py) holds
+``Algorithm`` (trine/algorithms/presets.py) is the record; ``AlgorithmConfig`` (trine/config/run.py) holds
 the fields a config may override, each defaulting to None (= keep the preset's value). The config
 cannot be generated from the record: ``trine.config`` is a base module that must not import the
 algorithms library (and torch with it; ``trine --help`` reads the config). So these tests fail

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from tests.conftest import EXAMPLE, write_arithmetic_config
 from trine.cli import app
 from trine.config import load_config
-from trine.modes.bench import BENCH_FILE, BenchError, bench, eval_settings, read_bench, with_stage_starts
+from trine.launch.bench import BENCH_FILE, BenchError, bench, eval_settings, read_bench, with_stage_starts
 from trine.monitor import read_metrics
 from trine.monitor.plot import stage_regions
 

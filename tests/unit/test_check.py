@@ -13,14 +13,14 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import write_arithmetic_config
-from trine.check_probes import (
+from trine.cli import app
+from trine.inspect.probes import (
     OBSERVATIONS,
     logprob_rows,
     mask_row,
     sample_conversations,
     truncation_gap,
 )
-from trine.cli import app
 from trine.models.sampling import kept_set
 from trine.types import SamplingParams
 

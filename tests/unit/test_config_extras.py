@@ -13,8 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import EXAMPLE, write_arithmetic_config
-from trine import config_extras, registry
+from trine import registry
 from trine.cli import app
+from trine.config import extras as config_extras
 from trine.config import read_yaml, validate_dict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,8 +214,8 @@ def test_arguments_of_builtins_are_checked_from_their_source_without_importing_t
 
 
 def test_trine_check_says_how_long_it_will_take_before_loading_anything(tmp_path):
-    from trine.check import estimate
     from trine.config import load_config
+    from trine.inspect.check import estimate
 
     cfg = load_config(_config(tmp_path))[0]
     said = estimate(cfg, turns=3, max_tokens=48)

@@ -18,9 +18,9 @@ from trine.feedback.queue import AnnotationQueue, queue_url
 from trine.loop import run
 from trine.models import load_model, load_tokenizer
 from trine.models.engine import HFEngine
-from trine.roles import BufferSource
 from trine.status import read_status
 from trine.tasks.supervised import preference_experiences
+from trine.trainer.sources import BufferSource
 from trine.types import SamplingParams, Task
 from trine.workflows import WORKFLOWS, HumanFeedbackWorkflow
 
@@ -263,7 +263,7 @@ def test_answers_land_in_the_stage_that_explores_not_a_later_dpo_stage(tmp_path)
     land in the exploring stage's buffer (the DPO stage's buffer is the preferences table itself)."""
     import yaml
 
-    from trine.cli_annotate import exploring_stage
+    from trine.cli.annotate import exploring_stage
 
     sql = {"storage": "sql", "url": f"sqlite:///{tmp_path}/buffer.db"}
     stages = [

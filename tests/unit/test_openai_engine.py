@@ -228,7 +228,7 @@ def test_config_checks(tmp_path, tiny_model_dir, tokenizer):
     assert "expected http(s)://" in scheme
     (sync,) = errors(good)
     assert "mode sync" in sync and "launch: processes" in sync and "trine serve" in sync
-    # the checks that need the whole run (for trine.config_checks.mode_problems)
+    # the checks that need the whole run (for trine.config.checks.mode_problems)
     path = write_arithmetic_config(tmp_path, tiny_model_dir, "t", {"model": good}, async_processes)
     (cfg,) = load_config(path)
     assert engine_problems(cfg) == []

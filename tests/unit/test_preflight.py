@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trine.config import validate_dict
-from trine.preflight import PreflightError, check
+from trine.inspect.preflight import PreflightError, check
 
 
 def _stages(data: dict, base: Path) -> list:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from tests.conftest import write_arithmetic_config
 from trine.cli import app
 from trine.config import load_config
-from trine.modes.processes import check_shared_config, trainer_lock
+from trine.launch.processes import check_shared_config, trainer_lock
 from trine.tasks import TaskScheduler
 from trine.tasks.partition import PartitionedScheduler
 from trine.types import Task
@@ -86,7 +86,7 @@ def test_explorers_split_the_task_stream_without_overlap_or_loss():
 def test_an_explorer_process_prints_a_line_per_batch():
     """``trine explore``'s line per batch: its index, the weights version, the reward (pending ones as such,
     not NaN), the response length and the seconds (with those spent pacing)."""
-    from trine.modes.processes import batch_line
+    from trine.launch.processes import batch_line
 
     explored = {
         "explorer/version": 2.0,

@@ -1,11 +1,11 @@
-"""DAPO's overlong shaping and dynamic sampling with refill (``trine.refill.shape_batch``), driven by
+"""DAPO's overlong shaping and dynamic sampling with refill (``trine.explorer.shaping.shape_batch``), driven by
 plain settings and a ``draw_more`` callable as the explorer side passes them."""
 
 from __future__ import annotations
 
 import itertools
 
-from trine.refill import shape_batch
+from trine.explorer.shaping import shape_batch
 from trine.types import Experience
 
 _ids = itertools.count()

@@ -1,4 +1,4 @@
-"""Mode serve's wiring (:mod:`trine.modes.serve`): new published weights reach the server, one server of a
+"""Mode serve's wiring (:mod:`trine.launch.serve`): new published weights reach the server, one server of a
 run reloads at a time, and bad serve settings are refused before anything starts."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import write_arithmetic_config
 from tests.unit.test_sync_published import Checker, Filled
 from trine.config import ConfigError, load_config
-from trine.modes.processes import ProcessSetupError
-from trine.modes.serve import WeightsWatcher, settings_of
+from trine.launch.processes import ProcessSetupError
+from trine.launch.serve import WeightsWatcher, settings_of
 from trine.sync import PublishedWeights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

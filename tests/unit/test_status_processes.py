@@ -27,10 +27,10 @@ from typer.testing import CliRunner
 from trine.buffer.inspect import run_buffer_config
 from trine.buffer.open import open_buffer
 from trine.cli import app
+from trine.inspect.report import last_value, published_version, run_status
 from trine.monitor import build_monitor, read_metrics
 from trine.monitor.plot import plot_run
 from trine.status import Heartbeat, write_status
-from trine.status_report import last_value, published_version, run_status
 from trine.types import Experience
 
 HOST = socket.gethostname()
@@ -271,7 +271,7 @@ def test_published_version_agrees_with_published_weights(tmp_path):
 
 
 def test_buffer_line_names_expired_and_rolled_back_rows_only_when_there_are_some():
-    from trine.status_report import BufferDepth
+    from trine.inspect.report import BufferDepth
 
     assert BufferDepth(0, 48, 112, 16, 0, 0, 3).line() == "0 pending, 48 ready, 112 trained, 16 stale"
     assert BufferDepth(1, 2, 3, 4, 5, 6, 0).line() == (

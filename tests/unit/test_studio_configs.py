@@ -69,7 +69,7 @@ def _validate(client: httpx.Client, text: str) -> dict:
 
 
 def test_schema_lists_fields_with_type_default_and_doc(studio):
-    from trine.config_learn import TrainerConfig
+    from trine.config.learn import TrainerConfig
 
     fields = studio.get("/api/config/schema").json()["fields"]
     lr = fields["trainer.lr"]

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.conftest import write_arithmetic_config
-from trine import config_extras, registry
+from trine import registry
 from trine.build import section_kwargs
+from trine.config import extras as config_extras
 from trine.config import read_yaml, validate_dict
-from trine.config_rollout import VLLMConfig
+from trine.config.rollout import VLLMConfig
 from trine.models import load_model, load_tokenizer
 from trine.models.vllm_engine import VLLMEngine
 from trine.models.vllm_requests import (

@@ -1,8 +1,8 @@
 """The actors of a Ray run: the same objects ``trine train`` and ``trine explore`` run, in Ray workers.
 
-- :class:`TrainerActor` runs the loop with the trainer side only (:func:`trine.modes.processes.train`):
+- :class:`TrainerActor` runs the loop with the trainer side only (:func:`trine.launch.processes.train`):
   checkpoints, evaluation, metrics and the run's status, in the run directory on its node.
-- :class:`ExplorerActor` runs one explorer (:func:`trine.modes.processes.explore`), which puts its batches
+- :class:`ExplorerActor` runs one explorer (:func:`trine.launch.processes.explore`), which puts its batches
   through the buffer writer (or into PostgreSQL itself) and receives weights by broadcast.
 - :class:`BufferWriter` owns the run's SQLite buffer for the explorers' puts; explorers see it through
   :class:`RemoteBuffer`, which has the three methods an explorer process calls on its buffer.
@@ -65,7 +65,7 @@ class TrainerActor:
         """Train the run (``stages``: as given at start, with the broadcast address the driver picked).
         ``ranks``: this actor's place among several trainer ranks, as torchrun would describe it
         (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)."""
-        from trine.modes.processes import train
+        from trine.launch.processes import train
 
         os.environ.update(ranks or {})
         return train(stages)
@@ -84,7 +84,7 @@ class ExplorerActor:
 
     def run(self, index: int, count: int, writer: Any = None) -> str:
         """Explore share ``index`` of ``count`` until the run ends; returns why it stopped."""
-        from trine.modes.processes import explore
+        from trine.launch.processes import explore
 
         buffer = RemoteBuffer(writer) if writer is not None else None
         return explore(self.stages, index, count, stop=self._stop, buffer=buffer)

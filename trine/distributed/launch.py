@@ -49,7 +49,7 @@ def import_ray() -> Any:
 
 def launch(stages: list[RunConfig], plugins: list[Path]) -> int:
     """Run ``stages`` (one async stage) on Ray; returns the exit code (0 finished or stopped, 1 failed)."""
-    from trine.modes.processes import as_process
+    from trine.launch.processes import as_process
 
     cfg = as_process(stages, "run")
     ray = import_ray()
@@ -287,7 +287,7 @@ class Driver:
 
 
 def _run_dir(cfg: RunConfig) -> Path:
-    from trine.modes.processes import run_dir_of
+    from trine.launch.processes import run_dir_of
 
     return run_dir_of(cfg).resolve()
 

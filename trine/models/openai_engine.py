@@ -220,7 +220,7 @@ def engine_problems(cfg: RunConfig) -> list[str]:
     """Run settings an ``openai`` engine cannot honour: the remote server loads its own weights, so the
     explorer must never be handed the trainer's weights (mode async in one process: ``copy`` sync; mode
     sync is refused by ``ModelConfig`` itself) and evaluation during mode train would sample the server,
-    not the weights being trained. Empty for every other engine. For ``trine.config_checks.mode_problems``."""
+    not the weights being trained. Empty for every other engine. For ``trine.config.checks.mode_problems``."""
     if cfg.model.engine != "openai":
         return []
     fix = (

@@ -7,14 +7,14 @@
 - :mod:`trine.modes.replay`: trainer only, on the steps a finished run trained (``trine train --replay``).
 
 Each ``steps(stage)`` yields one metrics dict per training step; the roles they loop over
-(``produce`` / ``consume``) are in :mod:`trine.roles`.
+(``produce`` / ``consume``) are in :mod:`trine.stage`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from trine.roles import Stage
+from trine.stage import Stage
 
 
 def steps(stage: Stage) -> Iterator[dict[str, float]]:

@@ -3,7 +3,7 @@ from its own copy of the weights, picking up the newest version the trainer push
 ``sync_interval`` steps) between batches; the trainer side takes ``trainer.batch_size`` experiences
 from the buffer as soon as they are there. They meet only at the buffer and at weight sync.
 
-The explorer streams (:func:`trine.streaming.stream`): it keeps ``tasks.batch_size ×
+The explorer streams (:func:`trine.explorer.streaming.stream`): it keeps ``tasks.batch_size ×
 explorer.oversample`` tasks in flight and puts a batch as soon as ``tasks.batch_size`` of them have
 finished, so a slow task holds no batch (it lands in a later one, tagged with the version it started
 with: ``explorer/version_spread``).
@@ -25,8 +25,10 @@ from functools import partial
 
 from trine.buffer import Buffer, BufferTimeout
 from trine.config import RunConfig
-from trine.roles import ExplorerSide, Stage, TrainerSide
-from trine.streaming import Produce, stream
+from trine.explorer.side import ExplorerSide
+from trine.explorer.streaming import Produce, stream
+from trine.stage import Stage
+from trine.trainer.side import TrainerSide
 
 POLL_SECONDS = 0.5
 """How long the trainer waits for a batch before it checks whether the explorer ended or failed."""

@@ -7,7 +7,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from trine.roles import Stage
+from trine.stage import Stage
 
 
 def steps(stage: Stage) -> Iterator[dict[str, float]]:

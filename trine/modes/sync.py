@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from trine.roles import Stage
+from trine.stage import Stage
 
 
 def steps(stage: Stage) -> Iterator[dict[str, float]]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from trine.roles import Stage
+from trine.stage import Stage
 
 
 def steps(stage: Stage) -> Iterator[dict[str, float]]:
     """One training step per batch of the stage's source, until it runs out. A source that may run dry
-    (``more()``, :class:`~trine.roles.BufferSource`) is asked for the next batch before a step is reported:
+    (``more()``, :class:`~trine.trainer.sources.BufferSource`) is asked for the next batch before a step is reported:
     when none comes, that step becomes the stage's last (``total_steps``), so the loop evaluates and
     checkpoints it as the end of the stage."""
     assert stage.source is not None

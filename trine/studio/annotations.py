@@ -60,9 +60,9 @@ def _annotator(settings: StudioSettings, token: str | None) -> str:
 
 
 def land_run(run_dir: Path) -> dict[str, Any]:
-    """Land the answered items of the run in ``run_dir`` (:func:`trine.cli_annotate.land_run`, shared
+    """Land the answered items of the run in ``run_dir`` (:func:`trine.cli.annotate.land_run`, shared
     with ``trine annotate land``; only into a SQL buffer, as the run may be running)."""
-    from trine.cli_annotate import land_run as land_answers
+    from trine.cli.annotate import land_run as land_answers
 
     return land_answers(run_dir, live=True)
 

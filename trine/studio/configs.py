@@ -3,7 +3,7 @@
 - ``POST /api/config/validate {"yaml", "template"?}``: the YAML is parsed (a syntax error is one error at
   its line), validated by :func:`trine.config.validate_dict` (relative paths against the studio's root, or
   the directory of the ``--config`` file the text came from: ``template: "file:N"``) and, when
-  that passes, its data and model files are checked by :func:`trine.preflight.check`: exactly what
+  that passes, its data and model files are checked by :func:`trine.inspect.preflight.check`: exactly what
   ``trine validate`` reports, every error at once, each with its key path and line
   (:mod:`trine.studio.yaml_lines`).
 - ``GET /api/config/schema``: every field of :class:`trine.config.RunConfig` and its sections as a dotted
@@ -114,8 +114,8 @@ def warm() -> None:
 
 
 def _preflight(stages: list[Any]) -> None:
-    """:func:`trine.preflight.check`, without letting its passed-list keep every config edited here."""
-    from trine import preflight
+    """:func:`trine.inspect.preflight.check`, without letting its passed-list keep every config edited here."""
+    from trine.inspect import preflight
 
     try:
         preflight.check(stages)
@@ -164,7 +164,7 @@ def schema_fields() -> dict[str, dict[str, Any]]:
     ``stages`` are partial run configs: look their keys up without the ``stages.N.`` prefix.
     """
     from trine.config import RunConfig
-    from trine.config_format import type_name
+    from trine.config.format import type_name
 
     fields: dict[str, dict[str, Any]] = {}
     pending: list[tuple[str, type[BaseModel], tuple[type, ...]]] = [("", RunConfig, (RunConfig,))]

@@ -25,8 +25,8 @@ BATCH_WIDE = ("reinforce_pp", "reinforce_pp_baseline")
 
 def run_tokenizer(run_dir: Path, stage: str | None) -> Any:
     """The run's tokenizer (newest checkpoint, else the config's ``model.path``; see
-    :func:`trine.cli_buffer._tokenizer`), cached per run and newest checkpoint; None if none loads."""
-    from trine.cli_buffer import _tokenizer
+    :func:`trine.cli.buffer._tokenizer`), cached per run and newest checkpoint; None if none loads."""
+    from trine.cli.buffer import _tokenizer
     from trine.trainer.checkpoint import list_checkpoints
 
     found = list_checkpoints(run_dir / "checkpoints")

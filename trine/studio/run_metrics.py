@@ -3,7 +3,7 @@
 :func:`read_metrics` returns the complete lines from a byte offset on (a line still being written waits
 for the next poll; a corrupt one is skipped with a note naming its line; at most :data:`MAX_BYTES` a
 call, so a long run's file pages). :func:`eval_table` turns the ``eval/<taskset>/<metric>`` keys of
-``metrics.jsonl`` and ``bench.jsonl`` (:mod:`trine.modes.bench`) into rows per step and taskset. Both
+``metrics.jsonl`` and ``bench.jsonl`` (:mod:`trine.launch.bench`) into rows per step and taskset. Both
 only read; NaN and infinite values become null (JSON has neither).
 """
 

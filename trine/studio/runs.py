@@ -139,7 +139,7 @@ def read_state(run_dir: Path) -> tuple[dict[str, Any], str, str, list[str]]:
 
 def _step(run_dir: Path, status: dict[str, Any]) -> int | None:
     """The run's step: the status's, else the last ``step`` in ``metrics.jsonl``."""
-    from trine.status_report import last_value
+    from trine.inspect.report import last_value
 
     step = status.get("step")
     if is_number(step):
@@ -207,11 +207,11 @@ def run_detail(run_dir: Path) -> dict[str, Any]:
 
 def processes(run_dir: Path) -> list[dict[str, Any]]:
     """The trainer and each explorer of an async run with explorer processes (an ``explorers/``
-    directory), as ``trine status`` reports them (:mod:`trine.status_report`); [] for other runs.
+    directory), as ``trine status`` reports them (:mod:`trine.inspect.report`); [] for other runs.
     The buffer is not counted here (:func:`run_buffer` does it, read-only)."""
     from dataclasses import asdict
 
-    from trine.status_report import process_status, published_version
+    from trine.inspect.report import process_status, published_version
 
     if not (run_dir / "explorers").is_dir():
         return []

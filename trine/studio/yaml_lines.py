@@ -1,6 +1,6 @@
 """Where a config error is in the YAML text: key paths to line numbers, for the studio's editor.
 
-A config error is one line ``<key path>: <message>`` (:mod:`trine.config_format`); :func:`split_error`
+A config error is one line ``<key path>: <message>`` (:mod:`trine.config.format`); :func:`split_error`
 splits it, and :func:`locate` finds the line of that key path in the YAML node tree
 (:func:`compose`): ``stages.0.trainer.lr`` walks into sequences by index, an unknown key points at
 the key's own line, and a path the text does not hold points at its nearest existing parent. A stage

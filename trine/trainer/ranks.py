@@ -87,7 +87,7 @@ def rank_stages(stages: list[Any], part: str) -> list[Any]:
 
     Every rank runs the same program on the same data: ``mode: train`` reads its rows in the same
     seeded order on each; a trainer process (``part="trainer"``) gets each batch from rank 0
-    (:class:`trine.ranked.RankedBuffer`). Rank 0 keeps the run directory; rank ``r`` writes its own under
+    (:class:`trine.trainer.ranked.RankedBuffer`). Rank 0 keeps the run directory; rank ``r`` writes its own under
     ``<run_dir>/ranks/<r>`` (metrics as jsonl only; checkpoints with its shard of the optimizer state),
     so nothing is written twice and every rank resumes from its own files."""
     count = launched_ranks()

@@ -55,7 +55,7 @@ class HumanFeedbackWorkflow:
 
     rewards_from_outside: ClassVar[bool] = True
     """Its rewards are written by another process (the studio, ``trine annotate land``), so the run's
-    buffer must be one that process can reach (read by :mod:`trine.config_checks`)."""
+    buffer must be one that process can reach (read by :mod:`trine.config.checks`)."""
 
     @staticmethod
     def argument_problems(

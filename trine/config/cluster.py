@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from trine.config_base import Count, NonNeg, NonNegInt, Positive, Section
+from trine.config.base import Count, NonNeg, NonNegInt, Positive, Section
 
 
 class ClusterConfig(Section):

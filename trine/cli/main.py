@@ -19,25 +19,25 @@ app = typer.Typer(
 
 
 def _buffer_commands() -> typer.Typer:
-    from trine.cli_buffer import buffer_app
+    from trine.cli.buffer import buffer_app
 
     return buffer_app
 
 
 def _studio_command() -> Callable[..., None]:
-    from trine.cli_studio import studio
+    from trine.cli.studio import studio
 
     return studio
 
 
 def _annotate_commands() -> typer.Typer:
-    from trine.cli_annotate import annotate_app
+    from trine.cli.annotate import annotate_app
 
     return annotate_app
 
 
 def _tasks_commands() -> typer.Typer:
-    from trine.cli_tasks import tasks_app
+    from trine.cli.tasks import tasks_app
 
     return tasks_app
 
@@ -49,7 +49,7 @@ def _load(config: Path, overrides: list[str], plugins: list[Path], preflight: bo
     """Load plugins, the config and its stages, and (``preflight``) check their data and model files
     (nothing is written); print every problem and exit 2 if there is any."""
     from trine.config import ConfigError, load_config
-    from trine.preflight import check
+    from trine.inspect.preflight import check
     from trine.registry import load_plugin
 
     try:
@@ -95,7 +95,7 @@ def check(
     check failed, 1 a check failed, 2 a bad config."""
     import json
 
-    from trine.check import estimate, print_report, run_checks
+    from trine.inspect.check import estimate, print_report, run_checks
 
     stages = _load(config, overrides or [], plugin)
     typer.echo(estimate(stages[0], turns, max_tokens), err=True)  # before torch and the model load
@@ -125,7 +125,7 @@ def run(
         _guarded(lambda: _on_cluster(lambda: _ray_launch(stages, plugin)))
         return
     if stages[0].mode == "async" and stages[0].launch == "processes":
-        from trine.modes.processes import launch
+        from trine.launch.processes import launch
 
         _guarded(lambda: launch(config, overrides or [], plugin, stages[0]))
         return
@@ -149,7 +149,7 @@ def train(
     if replay is not None:
         print_summary(_guarded(lambda: _replay(stages, replay)))
         return
-    from trine.modes.processes import train as train_process
+    from trine.launch.processes import train as train_process
 
     print_summary(_guarded(lambda: _process_input(lambda: train_process(stages))))
 
@@ -164,7 +164,7 @@ def explore(
 ) -> None:
     """An explorer process of an async run: explores its share of the tasks with the trainer's newest weights."""
     stages = _load(config, overrides or [], plugin)
-    from trine.modes.processes import explore as explore_process
+    from trine.launch.processes import explore as explore_process
 
     why = _guarded(lambda: _process_input(lambda: explore_process(stages, explorer_id, explorers)))
     typer.echo(f"explorer {explorer_id}: done ({why})")
@@ -184,7 +184,7 @@ def serve(
     while the server picks up its new weights."""
     _need_extra("trine serve")
     stages = _load(config, overrides or [], plugin)
-    from trine.modes.serve import serve as serve_mode
+    from trine.launch.serve import serve as serve_mode
 
     why = _guarded(lambda: _process_input(lambda: serve_mode(stages, host=host, port=port, index=server_id)))
     typer.echo(f"server {server_id}: done ({why})")
@@ -192,7 +192,7 @@ def serve(
 
 def _need_extra(command: str) -> None:
     """Exit 2 naming the install command when ``command``'s extra is missing (before anything loads)."""
-    from trine.config_extras import command_problem
+    from trine.config.extras import command_problem
 
     problem = command_problem(command)
     if problem:
@@ -209,7 +209,7 @@ def _ray_launch(stages: list[Any], plugins: list[Path]) -> int:
 def _on_cluster(fn: Callable[[], Any]) -> Any:
     """A run the Ray cluster cannot take (no ray, resources it can never grant) exits 2 with why."""
     from trine.distributed.launch import ClusterError
-    from trine.modes.processes import ProcessSetupError
+    from trine.launch.processes import ProcessSetupError
 
     try:
         return fn()
@@ -232,7 +232,7 @@ def _replay(stages: list[Any], source: Path) -> dict[str, Any]:
 def _process_input(fn: Callable[[], Any]) -> Any:
     """A process that cannot join the run (not mode async, a buffer that cannot be shared, other
     settings than the run's, a second trainer) exits 2 with the message."""
-    from trine.modes.processes import ProcessSetupError
+    from trine.launch.processes import ProcessSetupError
 
     try:
         return fn()
@@ -321,7 +321,7 @@ def status(
     1 dead/failed (or an explorer dead while the trainer runs), 2 no run there."""
     import json
 
-    from trine.status_report import run_status
+    from trine.inspect.report import run_status
 
     report = run_status(run_dir, details=as_json)
     if as_json:
@@ -345,8 +345,8 @@ def bench(
     """Evaluate a run's checkpoints on its eval tasksets (also while it trains): print a table, append
     to RUN_DIR/bench.jsonl and draw RUN_DIR/plots/bench.png."""
     stages = _load(config, overrides or [], plugin, preflight=False)  # the weights are the checkpoints'
-    from trine.modes.bench import BenchError, print_bench
-    from trine.modes.bench import bench as bench_run
+    from trine.launch.bench import BenchError, print_bench
+    from trine.launch.bench import bench as bench_run
 
     try:
         result = bench_run(

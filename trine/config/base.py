@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from trine import registry
-from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
+from trine.config.overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
     ConfigError,
     apply_overrides,
     load_yaml,

@@ -1,4 +1,4 @@
-"""The measurements behind ``trine check`` (see :mod:`trine.check` for what each one is for).
+"""The measurements behind ``trine check`` (see :mod:`trine.inspect.check` for what each one is for).
 
 Each probe takes the tokenizer (and, for the sampled checks, a :class:`Sampled` conversation or the model)
 and returns :class:`CheckRow` s; none of them raises on what it finds: a problem is a row.

@@ -1,4 +1,4 @@
-"""Config section of ``trine serve`` (:mod:`trine.serve`, :mod:`trine.modes.serve`): where it listens, who may
+"""Config section of ``trine serve`` (:mod:`trine.serve`, :mod:`trine.launch.serve`): where it listens, who may
 call it, and the limits that keep one client from starving the others (re-exported by :mod:`trine.config`)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from trine.config_base import Count, NonNegInt, Positive, Section
+from trine.config.base import Count, NonNegInt, Positive, Section
 
 
 class ServeConfig(Section):

@@ -36,7 +36,7 @@ from trine.config import RunConfig
 from trine.types import SamplingParams
 
 if TYPE_CHECKING:  # torch and the probes are imported when the checks run, after the estimate is printed
-    from trine.check_probes import CheckRow, Sampled, Segment
+    from trine.inspect.probes import CheckRow, Sampled, Segment
 
 TOLERANCE: dict[str, float] = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 2.5e-1}
 """Largest ``|engine logprob - trainer logprob|`` accepted on a trained token, by the model's dtype: the
@@ -103,7 +103,7 @@ def run_checks(
             "trine check samples tasks.train's first row; this stage trains on a buffer: check a config with one"
         )
     from trine.build import load_policy
-    from trine.check_probes import CheckRow, fidelity_row, logprob_rows, mask_row, template_rows
+    from trine.inspect.probes import CheckRow, fidelity_row, logprob_rows, mask_row, template_rows
     from trine.threads import threads_for
 
     started = time.perf_counter()
@@ -179,7 +179,7 @@ def _sample(
     """The sampled conversations (plain, top-p, top-k) or, when a Trajectory cannot be built with this
     tokenizer, none and why."""
     from trine import registry
-    from trine.check_probes import sample_conversations
+    from trine.inspect.probes import sample_conversations
 
     engine = registry.resolve("engine", cfg.model.engine)(
         model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=seed

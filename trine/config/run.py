@@ -37,7 +37,7 @@ from pydantic import (
 )
 
 from trine import registry
-from trine.config_base import (  # noqa: F401 - re-exported
+from trine.config.base import (  # noqa: F401 - re-exported
     Beta,
     Count,
     NonNeg,
@@ -48,11 +48,11 @@ from trine.config_base import (  # noqa: F401 - re-exported
     _check_name,
     _resolve_path,
 )
-from trine.config_checks import algorithm_problems, auxiliary_problems, mode_problems, trainer_problems
-from trine.config_cluster import ClusterConfig  # noqa: F401
-from trine.config_extras import extras_problems
-from trine.config_format import format_error, section_reference
-from trine.config_learn import (  # noqa: F401
+from trine.config.checks import algorithm_problems, auxiliary_problems, mode_problems, trainer_problems
+from trine.config.cluster import ClusterConfig  # noqa: F401
+from trine.config.extras import extras_problems
+from trine.config.format import format_error, section_reference
+from trine.config.learn import (  # noqa: F401
     AlgorithmConfig,
     BufferConfig,
     EvalConfig,
@@ -60,7 +60,7 @@ from trine.config_learn import (  # noqa: F401
     SyncConfig,
     TrainerConfig,
 )
-from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
+from trine.config.overrides import (  # noqa: F401 - re-exported: trine.config is where callers look
     ConfigError,
     apply_overrides,
     load_yaml,
@@ -68,7 +68,7 @@ from trine.config_overrides import (  # noqa: F401 - re-exported: trine.config i
     shadowed_overrides,
     shadowed_paths,
 )
-from trine.config_rollout import (  # noqa: F401
+from trine.config.rollout import (  # noqa: F401
     VLLM_ENGINES,
     AuxiliaryModelConfig,
     ExplorerConfig,
@@ -78,7 +78,7 @@ from trine.config_rollout import (  # noqa: F401
     TasksetConfig,
     VLLMConfig,
 )
-from trine.config_serve import ServeConfig  # noqa: F401
+from trine.config.serve import ServeConfig  # noqa: F401
 
 
 class RunConfig(Section):

@@ -107,7 +107,7 @@ class WeightsWatcher:
 def settings_of(cfg: RunConfig, max_context: int | None) -> Any:
     """The :class:`~trine.serve.schemas.ServeSettings` of ``cfg.serve`` (the token read from its
     environment variable; the prompt limit defaults to the context length left after ``max_tokens``)."""
-    from trine.modes.processes import ProcessSetupError
+    from trine.launch.processes import ProcessSetupError
     from trine.serve.schemas import ServeSettings
 
     s = cfg.serve
@@ -145,7 +145,7 @@ def serve(
     """``trine serve``: serve until interrupted; returns why it stopped. ``ready(url)`` is called once the
     server listens (tests; the CLI prints the URL)."""
     from trine import build
-    from trine.modes.processes import ProcessSetupError, as_process, check_shared_config, run_dir_of
+    from trine.launch.processes import ProcessSetupError, as_process, check_shared_config, run_dir_of
     from trine.monitor import build_monitor
     from trine.serve.app import create_app
     from trine.threads import use_threads

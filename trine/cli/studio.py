@@ -35,7 +35,7 @@ def studio(
 ) -> None:
     """Watch runs (live curves, status, eval tables), browse their experiences, edit and start configs,
     and answer annotation queues, in the browser."""
-    from trine.config_extras import command_problem
+    from trine.config.extras import command_problem
 
     missing = command_problem("trine studio")  # fastapi, uvicorn: found, not imported
     if missing:

@@ -11,7 +11,7 @@ from pydantic import (
     model_validator,
 )
 
-from trine.config_base import (
+from trine.config.base import (
     Beta,
     Count,
     NonNeg,

@@ -126,7 +126,7 @@ class _Texts:
     def _load(self) -> Any:
         """The run's tokenizer (None when it has none that loads)."""
         if self._tokenizer is False:
-            from trine.cli_buffer import _tokenizer
+            from trine.cli.buffer import _tokenizer
 
             self._tokenizer = _tokenizer(self.run_dir, self.stage)
         return self._tokenizer

@@ -1,7 +1,7 @@
 """``trine bench``: evaluate the checkpoints of a run on its eval tasksets.
 
 Each checkpoint's weights are loaded (:func:`trine.build.load_policy`) and evaluated by the same
-:class:`~trine.roles.Evaluator` a run builds (:func:`trine.build.build_evaluator`), with the eval
+:class:`~trine.explorer.evaluator.Evaluator` a run builds (:func:`trine.build.build_evaluator`), with the eval
 settings of the checkpoint's stage (``stage_index`` in its ``loop_state.pt``) and the seed
 ``seed + step``: benching the checkpoint of a step where the run evaluated reproduces the run's
 ``eval/*`` numbers.

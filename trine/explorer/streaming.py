@@ -31,11 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trine.refill import pass_rates
+from trine.explorer.shaping import pass_rates
 from trine.types import Task
 
 if TYPE_CHECKING:
-    from trine.roles import ExplorerSide
+    from trine.explorer.side import ExplorerSide
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from trine.config_base import (
+from trine.config.base import (
     Count,
     NonNeg,
     NonNegInt,
@@ -22,7 +22,7 @@ from trine.config_base import (
     _check_name,
     _resolve_path,
 )
-from trine.config_checks import argument_problems, source_problems
+from trine.config.checks import argument_problems, source_problems
 
 VLLM_ENGINES = ("vllm", "trine.models.vllm_engine:VLLMEngine")
 """The ``model.engine`` values that name :class:`trine.models.vllm_engine.VLLMEngine` (``model.vllm`` applies)."""

@@ -1,7 +1,7 @@
 """``trine status RUN_DIR``: how each process of a run stands, read from the run directory only.
 
 A plain run has one process, its ``status.json`` (:mod:`trine.status`). An async run as processes
-(:mod:`trine.modes.processes`) has the trainer's ``status.json`` and ``metrics.jsonl`` in the run
+(:mod:`trine.launch.processes`) has the trainer's ``status.json`` and ``metrics.jsonl`` in the run
 directory and one ``explorers/<i>/`` with both per explorer. :func:`run_status` gathers, without
 writing anything:
 

@@ -81,7 +81,7 @@ def _given(kind: str, name: str, param: str) -> dict[str, Any]:
 
 def trainer_problems(cfg: RunConfig) -> list[str]:
     """``trainer:`` settings the model or the installed transformers cannot honour (missing extras:
-    :mod:`trine.config_extras`)."""
+    :mod:`trine.config.extras`)."""
     t, problems = cfg.trainer, []
     if t.precision == "bf16":
         from trine.models.loading import resolve_device, resolve_dtype
@@ -93,7 +93,7 @@ def trainer_problems(cfg: RunConfig) -> list[str]:
                 f"{cfg.model.dtype!r} loads the weights as {dtype}; set model.dtype: float32 (or precision: fp32 "
                 "to train in the model's own dtype)"
             )
-    from trine.config_rollout import VLLM_ENGINES
+    from trine.config.rollout import VLLM_ENGINES
 
     if cfg.model.engine in VLLM_ENGINES and cfg.sync.method == "shared":
         problems.append(

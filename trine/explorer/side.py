@@ -1,0 +1,205 @@
+"""The explorer side of the loop (DESIGN §1): tasks → explorer → shaping → operators → expert rows → buffer."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trine.explorer.shaping import pass_rates, shape_batch
+from trine.types import Experience, Task
+
+if TYPE_CHECKING:
+    from trine.buffer import Buffer
+    from trine.buffer.operators import Pipeline
+    from trine.explorer.runner import Explorer
+    from trine.explorer.side import ExplorerSide
+    from trine.models.protocol import RolloutModel
+    from trine.sync import WeightSync
+    from trine.tasks import TaskScheduler
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """The algorithm's rollout-side settings for :func:`trine.explorer.shaping.shape_batch` (plain values)."""
+
+    max_tokens: int
+    """The sampling limit the overlong penalty is measured against."""
+    batch_size: int
+    """Informative groups a dynamic-sampling batch is filled up to (``tasks.batch_size``)."""
+    dynamic_sampling: bool = False
+    max_extra_draws: int = 4
+    overlong_buffer: float = 0
+    overlong_penalty: float = 1.0
+
+
+@dataclass
+class ExpertRows:
+    """MIX: supervised rows from an expert taskset added to each explored batch, ``ratio`` per rollout."""
+
+    scheduler: TaskScheduler
+    ratio: float
+    make: Callable[[list[Task]], list[Experience]]
+    """Turns expert tasks into supervised experiences (:func:`trine.tasks.supervised.sft_experiences`)."""
+
+    def rows(self, rollouts: int, version: int) -> list[Experience]:
+        """``max(1, round(ratio * rollouts))`` expert rows, tagged with the batch's ``version``."""
+        rows = self.make(self.scheduler.next_batch(max(1, round(self.ratio * rollouts))))
+        for e in rows:
+            e.policy_version = version
+        return rows
+
+
+@dataclass
+class ExplorerSide:
+    """tasks → explorer → shaping/operators → buffer, one explored batch at a time."""
+
+    explorer: Explorer
+    scheduler: TaskScheduler
+    buffer: Buffer
+    sync: WeightSync
+    batch_size: int
+    """Tasks per explored batch (``tasks.batch_size``)."""
+    shaping: Shaping
+    success_threshold: float
+    """Reward at which a rollout counts as a success (pass-rate feedback to the scheduler)."""
+    operators: Pipeline | None = None
+    expert: ExpertRows | None = None
+    producer: str | None = None
+    """Name of this explorer in a buffer shared by several processes (``explorer-0``): each batch is
+    put as (producer, batch index), once (see ``SQLBuffer.put``)."""
+    batches: int = 0
+    """Batches explored so far (the next batch's index)."""
+    gate: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a batch is explored and put; a checkpoint takes it to see a consistent state."""
+    reports: deque[dict[str, float]] = field(default_factory=deque)
+    """``explorer/*`` metrics of batches put but not yet reported in a step line, oldest first."""
+    unfinished: list[Task] = field(default_factory=list)
+    """Tasks a streaming explorer had drawn but not put when its state was saved: a resumed stream runs
+    them first, so none is lost."""
+    _started: dict[int, Task] = field(default_factory=dict, repr=False)
+
+    @property
+    def engine(self) -> RolloutModel:
+        return self.explorer.model
+
+    def produce(
+        self,
+        version: int,
+        count: int = 1,
+        stop: threading.Event | None = None,
+        extra: dict[str, float] | None = None,
+    ) -> int:
+        """Explore up to ``count`` batches with weights ``version`` (concurrently, one long tail) and
+        put each in the buffer; returns how many were explored (fewer when the tasks run out, 0 when
+        ``stop`` was set meanwhile). ``extra`` metrics join each batch's report."""
+        self.sync.pull(self.engine, version)  # outside the gate: a pull may wait for the trainer's push
+        with self.gate:
+            return 0 if stop is not None and stop.is_set() else self._produce(version, count, extra or {})
+
+    def _produce(self, version: int, count: int, extra: dict[str, float]) -> int:
+        batches = []
+        for _ in range(count):
+            tasks = self.scheduler.next_batch(self.batch_size)
+            if not tasks:
+                break
+            batches.append(tasks)
+        first = self.batches
+        results = self.explorer.explore_batches(batches, first_index=first, version=version)
+        for experiences, _ in results:  # pass rates back to the scheduler (curricula use them)
+            self.scheduler.feedback(*pass_rates(experiences, self.success_threshold))
+        for j, (experiences, metrics) in enumerate(results):
+            experiences = self._shape(experiences, metrics, first + j, version)
+            if self.operators is not None:
+                experiences, op_metrics = self.operators(experiences, step=first + j)
+                metrics.update(op_metrics)
+            if self.expert is not None:
+                experiences = experiences + self.expert.rows(len(experiences), version)
+            self._put(experiences, {**metrics, **extra})
+        return len(results)
+
+    def _put(self, experiences: list[Experience], report: dict[str, float]) -> None:
+        """One explored batch into the buffer (the report first: a trainer that sees the batch finds it)."""
+        self.reports.append(report)
+        if self.producer is None:
+            self.buffer.put(experiences)
+        else:  # a buffer shared by processes (SQLBuffer) records whose batch it is
+            self.buffer.put(experiences, producer=self.producer, producer_batch=self.batches)  # type: ignore[call-arg]
+        self.batches += 1
+
+    def report_all(self) -> dict[str, float]:
+        """The reports of every batch not yet reported, as one: each key's mean over the batches, and
+        ``explorer/batches`` (how many); {} if none."""
+        reports = [self.reports.popleft() for _ in range(len(self.reports))]
+        if not reports:
+            return {}
+        keys = {k for r in reports for k in r}
+        out = {k: _mean([r[k] for r in reports if k in r]) for k in sorted(keys)}
+        return {**out, "explorer/batches": float(len(reports))}
+
+    def report(self) -> dict[str, float]:
+        """The ``explorer/*`` metrics of the oldest batch not yet reported ({} if none)."""
+        return self.reports.popleft() if self.reports else {}
+
+    def _shape(
+        self,
+        experiences: list[Experience],
+        metrics: dict[str, float],
+        index: int,
+        version: int,
+        refill: bool = True,
+    ) -> list[Experience]:
+        """DAPO shaping and refill; refills draw tasks from the scheduler and explore them with the
+        batch's ``version`` (``refill=False``: a streaming explorer only filters; the stream refills)."""
+
+        def draw_more(n: int) -> list[Experience] | None:
+            if not refill:
+                return None
+            tasks = self.scheduler.next_batch(n)
+            return self.explorer.explore(tasks, batch_index=index, version=version)[0] if tasks else None
+
+        s = self.shaping
+        return shape_batch(
+            experiences,
+            metrics,
+            max_tokens=s.max_tokens,
+            batch_size=s.batch_size,
+            draw_more=draw_more,
+            dynamic_sampling=s.dynamic_sampling,
+            max_extra_draws=s.max_extra_draws,
+            overlong_buffer=s.overlong_buffer,
+            overlong_penalty=s.overlong_penalty,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Task cursor, explored-batch count, unreported metrics, buffer and engine (call under ``gate``)."""
+        state = {
+            "scheduler": self.scheduler.state_dict(),
+            "batches": self.batches,
+            "reports": list(self.reports),
+            "unfinished": list(self._started.values()),
+            "buffer": self.buffer.state_dict(),
+            "engine": self.engine.state_dict(),
+            "sync": self.sync.state_dict(),
+        }
+        if self.expert is not None:
+            state["expert"] = self.expert.scheduler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.batches = int(state["batches"])
+        self.reports = deque(state["reports"])
+        self.unfinished = list(state.get("unfinished", []))
+        self.buffer.load_state_dict(state["buffer"])
+        self.engine.load_state_dict(state["engine"])
+        self.sync.load_state_dict(state["sync"])
+        if self.expert is not None and "expert" in state:
+            self.expert.scheduler.load_state_dict(state["expert"])
+
+
+def _mean(values: list[Any]) -> Any:
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return sum(numbers) / len(numbers) if numbers else values[-1]

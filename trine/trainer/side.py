@@ -1,0 +1,83 @@
+"""The trainer side of the loop (DESIGN §1): buffer → trainer → weight sync."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from trine.types import Experience
+
+if TYPE_CHECKING:
+    from trine.buffer import Buffer
+    from trine.sync import WeightSync
+    from trine.trainer import Trainer
+    from trine.trainer.side import TrainerSide
+
+
+@dataclass
+class TrainerSide:
+    """buffer → trainer → weight sync."""
+
+    trainer: Trainer
+    buffer: Buffer | None
+    """None in ``mode: train`` (batches come from :class:`SupervisedSource`)."""
+    sync: WeightSync | None
+    sync_interval: int = 1
+    batch_size: int | None = None
+    """Experiences per step (``trainer.batch_size``); None = one explored batch, whole."""
+    get_timeout: float | None = None
+    stepping: bool = False
+    """True from the moment :meth:`consume` took a batch until its weights are pushed (the batch in
+    flight; an explorer pacing itself counts it)."""
+    on_worker: Callable[..., Any] | None = None
+    """Runs a function on the worker thread of the engine that samples the trainer's own weights
+    (``HFEngine.call``), so one thread does all the torch work; None: run inline."""
+    colocated: Any = None
+    """An engine on the trainer's GPU that sleeps while the trainer steps (vLLM ``enable_sleep_mode``):
+    ``sleep()`` → step → the new weights loaded into it (when pushed) → ``wake_up()``."""
+
+    @property
+    def version(self) -> int:
+        return self.trainer.version
+
+    def batches_waiting(self) -> int:
+        """Explored batches in the buffer that no step has taken yet."""
+        return self.buffer.batches_waiting() if self.buffer is not None else 0
+
+    def train(self, experiences: list[Experience]) -> dict[str, float]:
+        """``trainer.step`` (on the engine's worker thread when the engine samples these weights)."""
+        if self.on_worker is None:
+            return self.trainer.step(experiences)
+        return self.on_worker(self.trainer.step, experiences)
+
+    def consume(self, timeout: float | None = None) -> dict[str, float]:
+        """One step on the next batch from the buffer (waiting up to ``timeout`` seconds, default
+        ``buffer.get_timeout``, then :class:`~trine.buffer.BufferTimeout` with nothing consumed);
+        pushes the weights every ``sync_interval`` versions."""
+        assert self.buffer is not None and self.sync is not None, "consume() needs a buffer and a weight sync"
+        t = self.trainer
+        wait = self.get_timeout if timeout is None else timeout
+        experiences = self.buffer.get(self.batch_size, current_version=t.version, timeout=wait)
+        self.stepping = True
+        if self.colocated is not None:
+            self.colocated.sleep()
+        try:
+            metrics = {
+                **self.train(experiences),
+                **self.buffer.metrics(),  # incl. buffer/staleness_mean|max of this batch (current_version given)
+                "sync/seconds": self.sync.seconds,
+                **self.sync.metrics(),
+                "trainer/version": float(t.version),
+            }
+            if t.version % self.sync_interval == 0:  # shared weights: records the version only
+                self.sync.push(t.model, t.version)
+                if self.colocated is not None:  # straight in while it sleeps (the explorer's pull then skips)
+                    from trine.models.export import rollout_state_dict
+
+                    self.colocated.load_weights(rollout_state_dict(t.model), t.version)
+        finally:
+            if self.colocated is not None:
+                self.colocated.wake_up()
+            self.stepping = False
+        return metrics
