@@ -31,8 +31,8 @@ from trine.feedback.queue import AnnotationQueue, queue_url
 from trine.loop import run
 from trine.models import load_model, load_tokenizer
 from trine.models.batching import response_logprobs
-from trine.studio.app import StudioSettings
 from trine.studio.server import background
+from trine.studio.settings import StudioSettings
 
 pytestmark = pytest.mark.slow
 

@@ -42,8 +42,8 @@ def _demo_module():
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory, tiny_model_dir):
     """The demo runs directory (a small real run) served by the studio; yields (url, demo dict)."""
-    from trine.studio.app import StudioSettings
     from trine.studio.server import background
+    from trine.studio.settings import StudioSettings
 
     demo_module = _demo_module()
     root = tmp_path_factory.mktemp("studio_browser")

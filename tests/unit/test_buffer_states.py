@@ -93,8 +93,8 @@ def stats_counts(run: Path) -> dict[str, int]:
 
 def studio_views(run: Path) -> tuple[dict, dict, dict]:
     """The studio's counts on the run page, its filter facets, and the rows each filter lists."""
-    from trine.studio.app import StudioSettings
     from trine.studio.server import background
+    from trine.studio.settings import StudioSettings
 
     base = f"/api/runs/{run.name}"
     with (

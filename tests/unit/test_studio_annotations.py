@@ -15,8 +15,8 @@ from trine.buffer.inspect import read_rows  # noqa: E402
 from trine.buffer.sql import SQLBuffer  # noqa: E402
 from trine.feedback.queue import ANNOTATIONS_FILE, AnnotationQueue, Item, queue_url  # noqa: E402
 from trine.studio import annotations  # noqa: E402
-from trine.studio.app import StudioSettings  # noqa: E402
 from trine.studio.server import background  # noqa: E402
+from trine.studio.settings import StudioSettings  # noqa: E402
 from trine.types import Experience  # noqa: E402
 
 OWNER = {"Authorization": "Bearer owner-token"}

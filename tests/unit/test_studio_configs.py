@@ -15,8 +15,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from trine import registry  # noqa: E402
-from trine.studio.app import StudioSettings  # noqa: E402
 from trine.studio.server import background  # noqa: E402
+from trine.studio.settings import StudioSettings  # noqa: E402
 
 GOOD = """\
 name: tiny

@@ -21,8 +21,8 @@ import yaml
 from trine.buffer.files import FileBuffer
 from trine.buffer.sampling import SamplingRules
 from trine.buffer.sql import SQLBuffer
-from trine.studio.app import StudioSettings
 from trine.studio.server import background
+from trine.studio.settings import StudioSettings
 from trine.types import Experience
 
 PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")

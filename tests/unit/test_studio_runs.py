@@ -19,8 +19,8 @@ import yaml
 
 from tests.conftest import EXAMPLE, write_arithmetic_config
 from trine.studio import run_metrics
-from trine.studio.app import StudioSettings
 from trine.studio.server import background
+from trine.studio.settings import StudioSettings
 from trine.types import Experience
 
 REPO = Path(__file__).resolve().parents[2]

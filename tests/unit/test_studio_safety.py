@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trine.cli import app as cli_app
-from trine.studio.app import COOKIE, StudioSettings
 from trine.studio.server import background, ensure_token
+from trine.studio.settings import COOKIE, StudioSettings
 
 SECRET = "S3CRET-outside-the-runs-dir"
 

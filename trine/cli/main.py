@@ -121,10 +121,11 @@ def run(
 ) -> None:
     """Run a config: every stage in order, resuming from the run directory's last checkpoint."""
     stages = _load(config, overrides or [], plugin)
-    if stages[0].cluster.backend == "ray":
+    launcher = stages[0].plan.launcher
+    if launcher == "ray":
         _guarded(lambda: _on_cluster(lambda: _ray_launch(stages, plugin)))
         return
-    if stages[0].mode == "async" and stages[0].launch == "processes":
+    if launcher == "processes":
         from trine.launch.processes import launch
 
         _guarded(lambda: launch(config, overrides or [], plugin, stages[0]))

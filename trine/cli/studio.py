@@ -42,8 +42,8 @@ def studio(
         typer.secho(missing, fg="red", err=True)
         raise typer.Exit(2)
     from trine.registry import load_plugin
-    from trine.studio.app import StudioSettings, new_token
     from trine.studio.server import ensure_token, serve
+    from trine.studio.settings import StudioSettings, new_token
 
     problems = [f"--config {p}: no such file" for p in config if not p.is_file()]
     problems += [f"--plugin {p}: no such file" for p in plugin if not p.is_file()]

@@ -68,6 +68,7 @@ from trine.config.overrides import (  # noqa: F401 - re-exported: trine.config i
     shadowed_overrides,
     shadowed_paths,
 )
+from trine.config.plan import Plan, plan_of
 from trine.config.rollout import (  # noqa: F401
     VLLM_ENGINES,
     AuxiliaryModelConfig,
@@ -140,6 +141,11 @@ class RunConfig(Section):
     def processes(self) -> bool:
         """Trainer and explorers are separate processes: ``launch: processes`` or Ray actors."""
         return self.launch == "processes" or self.cluster.backend == "ray"
+
+    @property
+    def plan(self) -> Plan:
+        """Which wiring drives this stage's roles and which launcher starts it (:mod:`trine.config.plan`)."""
+        return plan_of(self)
 
     @property
     def sync_method(self) -> str:

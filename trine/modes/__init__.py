@@ -21,8 +21,7 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
     """The step generator of ``stage``'s mode (``sync_offset`` picks the pipelined wiring)."""
     from trine.modes import asynchronous, offset, sync, train
 
-    if stage.source is not None:  # mode train, or a replay
-        return train.steps(stage)
-    if stage.cfg.mode == "async":
+    wiring = "train" if stage.source is not None else stage.cfg.plan.wiring  # a replay trains a source
+    if wiring == "async":
         return asynchronous.steps(stage) if stage.explorer else asynchronous.trainer_steps(stage)
-    return offset.steps(stage) if stage.cfg.sync.sync_offset > 0 else sync.steps(stage)
+    return {"train": train.steps, "offset": offset.steps, "sync": sync.steps}[wiring](stage)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trine.monitor.figures import COLORS, figure, save
 from trine.monitor.sinks import read_metrics
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,6 @@ FILES = {
     "loss.png": ["loss", "kl"],
     "response_length.png": ["response_length"],
 }
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 STAGE_COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"]
 
 
@@ -187,10 +187,10 @@ def plot_run(run_dir: str | Path, smoothing: float = 0.8, dpi: int = 120) -> lis
             wanted = [k for n in names for p in PANELS if p.name == n for k in p.keys]
             log.info("skipped %s: none of %s were logged (or all were zero)", filename, wanted)
             continue
-        fig = _figure((8.5, 4.2 * len(chosen)), dpi)
+        fig = figure((8.5, 4.2 * len(chosen)), dpi)
         for i, view in enumerate(chosen):
             draw_view(fig.add_subplot(len(chosen), 1, i + 1), view, smoothing)
-        written.append(_save(fig, out_dir / filename, run_dir.name))
+        written.append(save(fig, out_dir / filename, run_dir.name))
     every = [v for p in PANELS for v in views[p.name]]
     if every:
         written.append(_overview(every, smoothing, dpi, out_dir, run_dir.name))
@@ -359,24 +359,10 @@ def _shade_stages(ax: Any, stages: list[tuple[str, float, float]], names: list[s
         )
 
 
-def _figure(size: tuple[float, float], dpi: int) -> Any:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=size, dpi=dpi, layout="constrained")
-
-
 def _overview(views: list[View], smoothing: float, dpi: int, out_dir: Path, run_name: str) -> Path:
     cols = min(3, len(views))
     rows = math.ceil(len(views) / cols)
-    fig = _figure((5.2 * cols, 3.6 * rows), dpi)
+    fig = figure((5.2 * cols, 3.6 * rows), dpi)
     for i, view in enumerate(views):
         draw_view(fig.add_subplot(rows, cols, i + 1), view, smoothing)
-    return _save(fig, out_dir / "overview.png", run_name)
-
-
-def _save(fig: Any, path: Path, run_name: str) -> Path:
-    """Title the figure with the run name and write it as PNG."""
-    fig.suptitle(f"run: {run_name}", fontsize=12, fontweight="bold")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save(fig, out_dir / "overview.png", run_name)

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from trine.monitor.figures import COLORS, figure, save
 from trine.monitor.sinks import read_metrics
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,6 @@ def time_curves(records: dict[str, list[dict]], panel: TimePanel, start: float) 
 def plot_processes(run_dir: str | Path, dpi: int = 120) -> Path | None:
     """Write ``run_dir/plots/processes.png`` (see the module docstring); None, and the reason logged,
     when no process logged a ``time/unix`` (a run from before timestamps) or none of the keys."""
-    from trine.monitor.plot import COLORS, _figure, _save
 
     run_dir = Path(run_dir)
     records = process_records(run_dir)
@@ -89,7 +89,7 @@ def plot_processes(run_dir: str | Path, dpi: int = 120) -> Path | None:
         log.info("skipped processes.png: none of the processes logged a version or a reward")
         return None
     colors = {name: COLORS[i % len(COLORS)] for i, name in enumerate(records)}
-    fig = _figure((8.5, 3.8 * len(panels)), dpi)
+    fig = figure((8.5, 3.8 * len(panels)), dpi)
     for i, (panel, curves) in enumerate(panels):
         ax = fig.add_subplot(len(panels), 1, i + 1)
         for name, (seconds, values) in curves.items():
@@ -100,4 +100,4 @@ def plot_processes(run_dir: str | Path, dpi: int = 120) -> Path | None:
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="best", framealpha=0.8)
-    return _save(fig, run_dir / "plots" / "processes.png", run_dir.name)
+    return save(fig, run_dir / "plots" / "processes.png", run_dir.name)

@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field
 
 from trine.feedback import labelstudio
 from trine.feedback.queue import ANNOTATIONS_FILE, AnnotationQueue, AnswerConflict, queue_url
-from trine.studio.app import StudioSettings, studio
 from trine.studio.paths import run_path
+from trine.studio.settings import StudioSettings, studio
 
 router = APIRouter()
 log = logging.getLogger(__name__)

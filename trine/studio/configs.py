@@ -37,8 +37,8 @@ from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
-from trine.studio.app import StudioSettings, studio
 from trine.studio.paths import check_name, run_path
+from trine.studio.settings import StudioSettings, studio
 from trine.studio.yaml_lines import compose, locate, split_error, syntax_error
 
 router = APIRouter()

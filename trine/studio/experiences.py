@@ -22,9 +22,9 @@ from typing import Any
 import yaml
 from fastapi import APIRouter, Depends, HTTPException, Request
 
-from trine.studio.app import StudioSettings, studio
 from trine.studio.experience_rows import STATUSES, Filters, NoSource, file_source, memory_source
 from trine.studio.paths import run_path
+from trine.studio.settings import StudioSettings, studio
 
 router = APIRouter()
 

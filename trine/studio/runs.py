@@ -26,9 +26,9 @@ import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from trine.status import describe
-from trine.studio.app import StudioSettings, studio
 from trine.studio.paths import check_name, inside, run_path
 from trine.studio.run_metrics import eval_table, finite, is_number, read_metrics
+from trine.studio.settings import StudioSettings, studio
 
 router = APIRouter()
 

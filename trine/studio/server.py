@@ -10,7 +10,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from trine.studio.app import LOOPBACK, StudioSettings, create_app, new_token
+from trine.studio.app import create_app
+from trine.studio.settings import LOOPBACK, StudioSettings, new_token
 
 
 def is_loopback(host: str) -> bool:
