@@ -25,7 +25,7 @@ from trine.trainer.ranks import rank_stages
 def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[str, Any]:
     """Run every stage in order (resuming where the run directory left off); returns the summary.
     ``part="trainer"``: the trainer process of an async run (:mod:`trine.launch.processes`); ``source``:
-    train on it alone (a replay, :mod:`trine.modes.replay`)."""
+    train on it alone (a replay, :mod:`trine.launch.replay`)."""
     if part == "all":  # several trainer ranks under torchrun: this rank's view (`trine train`: its own call)
         stages = rank_stages(stages, part)
     preflight.check(stages)  # data and model files, before anything is written

@@ -18,7 +18,7 @@ from trine.buffer.replay import ReplayError, TrainedSteps
 from trine.cli import app
 from trine.config import load_config
 from trine.loop import run
-from trine.modes.replay import replay
+from trine.launch.replay import replay
 from trine.types import Experience
 
 runner = CliRunner()

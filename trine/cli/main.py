@@ -221,7 +221,7 @@ def _on_cluster(fn: Callable[[], Any]) -> Any:
 
 def _replay(stages: list[Any], source: Path) -> dict[str, Any]:
     """``trine train --replay``: a run that cannot be replayed exits 2 with the message."""
-    from trine.modes.replay import ReplayError, replay
+    from trine.launch.replay import ReplayError, replay
 
     try:
         return replay(stages, source)

@@ -3,8 +3,8 @@
 - :mod:`trine.modes.sync`: explore ``sync_interval`` batches, train on them, repeat.
 - :mod:`trine.modes.offset`: the explorer runs ``sync_offset`` batches ahead in a thread.
 - :mod:`trine.modes.asynchronous`: mode ``async``, explorer and trainer concurrently.
-- :mod:`trine.modes.train`: trainer only, from the taskset.
-- :mod:`trine.modes.replay`: trainer only, on the steps a finished run trained (``trine train --replay``).
+- :mod:`trine.modes.train`: trainer only, on a source: the taskset, a persistent buffer, or the steps a
+  finished run trained (``trine train --replay``, launched by :mod:`trine.launch.replay`).
 
 Each ``steps(stage)`` yields one metrics dict per training step; the roles they loop over
 (``produce`` / ``consume``) are in :mod:`trine.stage`.

@@ -1,6 +1,6 @@
 """Mode ``train``: trainer only, on supervised rows or preference pairs (DPO) made from the taskset, on the
 rows of a persistent buffer (``tasks.source: buffer``), or on the steps a run trained (``trine train
---replay``, :mod:`trine.modes.replay`)."""
+--replay``, :mod:`trine.launch.replay`)."""
 
 from __future__ import annotations
 
