@@ -51,6 +51,7 @@ def main() -> None:
         print("benchmarks/gpu.py needs a CUDA GPU; nothing to measure on this machine.")
         return
     from trine.algorithms import PRESETS
+    from trine.config import TrainerConfig
     from trine.models import load_tokenizer
     from trine.models.engine import HFEngine
     from trine.trainer import Trainer
@@ -72,7 +73,9 @@ def main() -> None:
         )
         for i in range(64)
     ]
-    trainer = Trainer(model, PRESETS["grpo"], pad_token_id=0, lr=1e-6, micro_batch_tokens=16384)
+    trainer = Trainer(
+        model, PRESETS["grpo"], TrainerConfig(lr=1e-6, micro_batch_tokens=16384), pad_token_id=0
+    )
     trainer.step(batch)  # warm-up
     torch.cuda.synchronize()
     times = []

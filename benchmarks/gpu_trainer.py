@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     from trine.algorithms import PRESETS
+    from trine.config import TrainerConfig
     from trine.trainer import Trainer
     from trine.trainer.policy import prepare_policy
 
@@ -80,15 +81,13 @@ def main() -> None:
             gradient_checkpointing=s.get("gradient_checkpointing", False),
             fsdp=s.get("fsdp", False),
         )
-        trainer = Trainer(
-            model,
-            PRESETS["grpo"],
-            pad_token_id=0,
+        settings = TrainerConfig(
             lr=1e-6,
             micro_batch_tokens=16384 if on_gpu else 2048,
             precision=s.get("precision", "fp32"),
             packed=s.get("packed", False),
         )
+        trainer = Trainer(model, PRESETS["grpo"], settings, pad_token_id=0)
         if experiences is None:
             experiences = batch(model.config.vocab_size, args.rows, random.Random(0))
         tokens = sum(len(e.tokens) for e in experiences)

@@ -20,6 +20,7 @@ import torch
 from common import alternate, markdown_table, median, report, threads, timed, tiny_model
 
 from trine.algorithms import PRESETS
+from trine.config import TrainerConfig
 from trine.models import load_model
 from trine.trainer import Trainer, plan_micro_batches
 from trine.types import Experience
@@ -91,7 +92,9 @@ def main() -> None:
     real_tokens = sum(len(e.tokens) for e in exps)
 
     trine_model, raw_model, naive_model = (load_model(path) for _ in range(3))
-    trainer = Trainer(trine_model, PRESETS["grpo"], pad_token_id=0, lr=1e-5, micro_batch_tokens=args.budget)
+    trainer = Trainer(
+        trine_model, PRESETS["grpo"], TrainerConfig(lr=1e-5, micro_batch_tokens=args.budget), pad_token_id=0
+    )
     plan = plan_micro_batches([len(e.tokens) for e in exps], args.budget)
     same = [[exps[i] for i in p] for p in plan]
     per = max(1, len(exps) // len(plan))

@@ -1,10 +1,16 @@
-"""Shared pytest fixtures and the ``gpu`` marker's skip rule."""
+"""Shared pytest fixtures (the tiny model, its tokenizer, an engine) and the ``gpu`` marker's skip rule.
+
+Plain helpers (experience factories, config writers) are in :mod:`tests.helpers`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+
+# re-exported: tests written before tests/helpers.py import these from here
+from tests.helpers import EXAMPLE, GOOD_ROWS, write_arithmetic_config  # noqa: F401
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,38 +38,40 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model("tiny-0.5m", tmp_path_factory.mktemp("models") / "tiny-0.5m", seed=0)
 
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic"
-"""The main job's example directory (its shipped arithmetic tasksets)."""
+@pytest.fixture
+def project(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """``tmp_path`` with a copy of the tiny model in ``model/`` (a test may damage it) and a good two-row
+    taskset ``good.jsonl`` (:data:`tests.helpers.GOOD_ROWS`)."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "model")
+    (tmp_path / "good.jsonl").write_text(GOOD_ROWS)
+    return tmp_path
 
 
-def write_arithmetic_config(tmp_path: Path, model_dir: Path, name: str, *overrides: dict | None) -> Path:
-    """Write a tiny GRPO config over the shipped arithmetic data into ``tmp_path/<name>.yaml`` (run
-    directory ``tmp_path/<name>``) with each of ``overrides`` merged in, in order; returns its path."""
-    import yaml
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir: Path):
+    """The tiny model's tokenizer (``load_tokenizer``), loaded once per session: do not change it (copy the
+    model directory and load another one to try a chat template or special tokens)."""
+    from trine.models import load_tokenizer
 
-    from trine.config import merge
+    return load_tokenizer(tiny_model_dir)
 
-    data = {
-        "name": name,
-        "run_dir": str(tmp_path / name),
-        "seed": 0,
-        "num_threads": 2,
-        "model": {"path": str(model_dir)},
-        "tasks": {
-            "batch_size": 4,
-            "total_steps": 6,
-            "train": {
-                "path": str(EXAMPLE / "data" / "train.jsonl"),
-                "repeat": 4,
-                "sampling": {"temperature": 1.0, "max_tokens": 4},
-            },
-        },
-        "trainer": {"lr": 1e-3},
-        "eval": {"at_start": False},
-        "monitor": {"sinks": ["jsonl"], "plot": False},
-    }
-    for extra in overrides:
-        data = merge(data, extra or {})
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir: Path):
+    """The tiny model (float32, CPU, eval mode), loaded once per test module: a module's tests may load
+    new weights into it or train it, so no module sees another's changes."""
+    from trine.models import load_model
+
+    return load_model(tiny_model_dir, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def engine(model, tokenizer):
+    """An ``HFEngine`` (seed 0) over the module's :func:`model`, closed after the module."""
+    from trine.models.engine import HFEngine
+
+    engine = HFEngine(model, tokenizer, seed=0)
+    yield engine
+    engine.close()

@@ -1,6 +1,8 @@
 """From config sections to objects: the wiring that ``loop.py`` runs.
 
-Every component receives only its own section's values as plain keyword arguments.
+Every component receives only its own section (the trainer, the buffer's sampling rules, an engine's
+``from_config``) or plain arguments. Each role is built whole: every field goes to its constructor, and
+nothing is assigned to a built object afterwards.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trine import registry
-from trine.config import VLLM_ENGINES, ExplorerConfig, RunConfig, TasksetConfig, TrainerConfig, VLLMConfig
+from trine.config import ExplorerConfig, RunConfig, TasksetConfig, TrainerConfig
 from trine.explorer.evaluator import Evaluator
 from trine.explorer.side import ExpertRows, ExplorerSide, Shaping
 from trine.stage import Stage
@@ -36,7 +38,8 @@ def load_policy(
     checkpoint's weights; with ``trainer.lora`` and an adapter saved in the checkpoint, the base model
     from ``model.path`` instead, marked with ``trine_adapter_dir`` for the trainer to resume.
     ``weights=False``: the tokenizer only, model None (an explorer whose engine loads the weights itself:
-    vLLM). ``say``: told what is being built or loaded (a command's console), before it starts."""
+    :func:`engine_weights` ``"copy"``). ``say``: told what is being built or loaded (a command's console),
+    before it starts."""
     from trine.models import init_model, load_model, load_tokenizer
     from trine.models.loading import resolve_device
 
@@ -57,9 +60,10 @@ def load_policy(
         source = m.path  # a LoRA checkpoint: the frozen base and the adapter trained on it
     device = resolve_device(m.device)
     say(f"loading model {source} on {device} ...")
-    model = load_model(source, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code)
-    if source != path and adapter is not None and adapter.is_dir():
-        model.trine_adapter_dir = str(adapter)  # read by the trainer's prepare_policy
+    resumed = str(adapter) if source != path and adapter is not None and adapter.is_dir() else None
+    model = load_model(
+        source, dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code, adapter_dir=resumed
+    )
     tokenizer = load_tokenizer(path or m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     return model, tokenizer
 
@@ -83,7 +87,10 @@ ROUTED: dict[type[BaseModel], dict[str, str]] = {
         "weight": "the task scheduler's mixing weights",
     },
 }
-"""Fields of a config section that its main object does not take, and who reads them instead."""
+"""Fields of a config section that its main object does not read, and who reads them instead: the
+``trainer`` section's fields that :class:`~trine.trainer.Trainer` (which takes the section) leaves to
+others, the ``tasks.*`` fields that :class:`~trine.tasks.TaskSet` takes no parameter for
+(tests/unit/test_declarations.py keeps the first in step with what the Trainer reads)."""
 
 
 def section_kwargs(section: BaseModel, target: Callable[..., Any]) -> dict[str, Any]:
@@ -152,18 +159,15 @@ def build_stage(
     scheduler = _scheduler(cfg, algorithm, run_dir)
     total = cfg.tasks.total_steps or scheduler.total_batches(cfg.tasks.batch_size)
     trainer = _trainer(cfg, algorithm, model, tokenizer, total)
-    stage = Stage(cfg=cfg, trainer=TrainerSide(trainer, None, None), total_steps=total)
     if cfg.mode == "train":
-        stage.source = SupervisedSource(scheduler, cfg.tasks.batch_size, _rows(cfg, algorithm, tokenizer))
-        if cfg.tasks.eval:
-            stage.evaluator = build_evaluator(cfg, _explorer(cfg, _engine(cfg, model, tokenizer), None))
-            stage.trainer.on_worker = _worker_of(stage.evaluator.explorer.model, model)
-        return stage
+        source = SupervisedSource(scheduler, cfg.tasks.batch_size, _rows(cfg, algorithm, tokenizer))
+        evaluator, on_worker = _evaluation(cfg, model, tokenizer)
+        side = TrainerSide(trainer, None, None, on_worker=on_worker)
+        return Stage(cfg=cfg, trainer=side, total_steps=total, source=source, evaluator=evaluator)
     if part == "trainer":
-        _trainer_process(stage, model, tokenizer, run_dir)
-        return stage
-    _explorer_side(stage, algorithm, scheduler, model, tokenizer, run_dir)
-    return stage
+        side, evaluator = _trainer_process(cfg, trainer, model, tokenizer, run_dir)
+        return Stage(cfg=cfg, trainer=side, total_steps=total, evaluator=evaluator)
+    return _explored_stage(cfg, algorithm, scheduler, trainer, model, tokenizer, run_dir, total)
 
 
 def build_explorer_process(
@@ -180,13 +184,24 @@ def build_explorer_process(
     engine = _engine(cfg, model, tokenizer)
     rollouts = run_dir / "explorers" / str(index) / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
     sync = process_sync(cfg, run_dir, f"explorer-{index}")
+    explorer = _explorer(cfg, engine, rollouts)
     side = _make_explorer_side(
-        cfg, algorithm, scheduler, _explorer(cfg, engine, rollouts), sync, run_dir, tokenizer, buffer
+        cfg, algorithm, scheduler, explorer, sync, run_dir, tokenizer, buffer, producer=f"explorer-{index}"
     )
-    side.producer = f"explorer-{index}"
-    side.batches = side.buffer.produced(side.producer)
     scheduler.skip(side.batches, cfg.tasks.batch_size)
     return side
+
+
+def engine_class(cfg: RunConfig, *, local: bool = False) -> Any:
+    """The table entry of the configured rollout engine (``model.engine``: :data:`trine.models.ENGINES`, a
+    plugin or an import path); ``local``: the ``hf`` engine whatever the config says."""
+    return registry.resolve("engine", "hf" if local else cfg.model.engine)
+
+
+def engine_weights(cfg: RunConfig) -> str:
+    """Where the configured engine's weights live (its class's ``weights``, :mod:`trine.models.protocol`):
+    ``given`` (the model it is built on), ``copy`` (its own, built from ``model.path``) or ``server``."""
+    return getattr(engine_class(cfg), "weights", "given")
 
 
 def process_sync(cfg: RunConfig, run_dir: Path, role: str) -> Any:
@@ -197,8 +212,8 @@ def process_sync(cfg: RunConfig, run_dir: Path, role: str) -> Any:
     from trine.sync import PublishedWeights
 
     s = cfg.sync
-    if cfg.sync_method == "published":
-        return PublishedWeights(run_dir / "weights", keep=s.keep, load=cfg.model.engine != "openai")
+    if cfg.sync_method == "published":  # an engine on a server loads the published weights itself
+        return PublishedWeights(run_dir / "weights", keep=s.keep, load=engine_weights(cfg) != "server")
     from trine.sync.broadcast import BroadcastReceiver, BroadcastSender
     from trine.sync.rendezvous import read_address, write_address
 
@@ -271,38 +286,51 @@ def _buffer_stage(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, ru
         open_buffer(section, run_dir, **extra), rows, cfg.buffer.get_timeout, algorithm.pairwise
     )
     trainer = _trainer(cfg, algorithm, model, tokenizer, total)
-    stage = Stage(cfg=cfg, trainer=TrainerSide(trainer, None, None), total_steps=total, source=source)
-    if cfg.tasks.eval:
-        stage.evaluator = build_evaluator(cfg, _explorer(cfg, _engine(cfg, model, tokenizer), None))
-        stage.trainer.on_worker = _worker_of(stage.evaluator.explorer.model, model)
-    return stage
+    evaluator, on_worker = _evaluation(cfg, model, tokenizer)
+    side = TrainerSide(trainer, None, None, on_worker=on_worker)
+    return Stage(cfg=cfg, trainer=side, total_steps=total, source=source, evaluator=evaluator)
 
 
-def _trainer_process(stage: Stage, model: Any, tokenizer: Any, run_dir: Path) -> None:
-    """The trainer side of a trainer process: the run's SQL buffer (a resume undoes only what this
-    process took since its checkpoint) and weights published into ``<run_dir>/weights``."""
+def _evaluation(cfg: RunConfig, model: Any, tokenizer: Any) -> tuple[Evaluator | None, Any]:
+    """A stage without an explorer (mode train, a trainer process): evaluation of ``tasks.eval`` with its
+    own engine over the trainer's weights (None without eval tasksets), and the worker the trainer's step
+    runs on (that engine's, :func:`_worker_of`; None: inline)."""
+    if not cfg.tasks.eval:
+        return None, None
+    evaluator = build_evaluator(cfg, _explorer(cfg, _engine(cfg, model, tokenizer), None))
+    return evaluator, _worker_of(evaluator.explorer.model, model)
+
+
+def _trainer_process(
+    cfg: RunConfig, trainer: Any, model: Any, tokenizer: Any, run_dir: Path
+) -> tuple[TrainerSide, Evaluator | None]:
+    """The trainer side of a trainer process, and its evaluation: the run's SQL buffer (a resume undoes
+    only what this process took since its checkpoint) and weights published into ``<run_dir>/weights``."""
     from trine.buffer import open_buffer
     from trine.trainer.ranks import world
 
-    cfg, side = stage.cfg, stage.trainer
     size, rank = world()
     if size == 1:
-        side.buffer = open_buffer(cfg.buffer, run_dir, rewind="reads")
-        side.sync = process_sync(cfg, run_dir, "trainer")
+        buffer = open_buffer(cfg.buffer, run_dir, rewind="reads")
+        sync = process_sync(cfg, run_dir, "trainer")
     else:  # trainer ranks (torchrun): rank 0 takes the batches for all and sends the weights
         from trine.trainer.ranked import GatherOnly, RankedBuffer
 
         leader = rank == 0
-        device = side.trainer.device if side.trainer.device.type == "cuda" else None
-        side.buffer = RankedBuffer(
-            open_buffer(cfg.buffer, run_dir, rewind="reads") if leader else None, device
-        )
-        side.sync = process_sync(cfg, run_dir, "trainer") if leader else GatherOnly()
-    side.sync_interval, side.get_timeout = cfg.sync.sync_interval, cfg.buffer.get_timeout
-    side.batch_size = cfg.trainer.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
-    if cfg.tasks.eval:
-        stage.evaluator = build_evaluator(cfg, _explorer(cfg, _engine(cfg, model, tokenizer), None))
-        side.on_worker = _worker_of(stage.evaluator.explorer.model, model)
+        device = trainer.device if trainer.device.type == "cuda" else None
+        buffer = RankedBuffer(open_buffer(cfg.buffer, run_dir, rewind="reads") if leader else None, device)
+        sync = process_sync(cfg, run_dir, "trainer") if leader else GatherOnly()
+    evaluator, on_worker = _evaluation(cfg, model, tokenizer)
+    side = TrainerSide(
+        trainer,
+        buffer,
+        sync,
+        sync_interval=cfg.sync.sync_interval,
+        batch_size=cfg.trainer_batch_rows,  # a trainer process runs mode async
+        get_timeout=cfg.buffer.get_timeout,
+        on_worker=on_worker,
+    )
+    return side, evaluator
 
 
 def _trainer(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, total: int) -> Any:
@@ -339,6 +367,7 @@ def _trainer(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, total: 
     return Trainer(
         policy,
         algorithm,
+        t,
         pad_token_id=tokenizer.pad_token_id,
         ref_model=ref_model,
         critic=critic,
@@ -346,7 +375,6 @@ def _trainer(cfg: RunConfig, algorithm: Any, model: Any, tokenizer: Any, total: 
         max_response_length=cfg.tasks.train.sampling.max_tokens if cfg.tasks.train else None,
         seed=cfg.seed,
         teacher=_teacher(cfg) if "teacher_logprobs" in algorithm.loss_inputs else None,
-        **section_kwargs(t, Trainer),
     )
 
 
@@ -360,21 +388,27 @@ def _rows(cfg: RunConfig, algorithm: Any, tokenizer: Any) -> Callable[[list[Any]
     return lambda tasks: sft_experiences(tasks, tokenizer, ts.response_key)
 
 
-def _explorer_side(
-    stage: Stage, algorithm: Any, scheduler: Any, model: Any, tokenizer: Any, run_dir: Path
-) -> None:
-    """Rollout engine, explorer, weight sync and buffer, as the explorer side and the trainer side
-    see them. With ``sync.method: copy`` the engine samples a snapshot copy of the weights (in the base
-    architecture: LoRA merged, shards gathered) and evaluation gets its own engine over the trainer's
-    weights."""
+def _explored_stage(
+    cfg: RunConfig,
+    algorithm: Any,
+    scheduler: Any,
+    trainer: Any,
+    model: Any,
+    tokenizer: Any,
+    run_dir: Path,
+    total: int,
+) -> Stage:
+    """Modes sync and async in one process: rollout engine, explorer, weight sync and buffer, as the
+    explorer side and the trainer side see them. With ``sync.method: copy`` an engine over the given
+    weights samples a snapshot copy of them (in the base architecture: LoRA merged, shards gathered) and
+    evaluation gets its own engine over the trainer's weights."""
     from trine.models.export import plain_copy
     from trine.sync import SYNC_METHODS
 
-    cfg = stage.cfg
     snapshot = cfg.sync_method == "copy"
-    vllm = cfg.model.engine in VLLM_ENGINES  # holds its own copy of the weights on the GPU
+    given = engine_weights(cfg) == "given"  # else the engine holds its own copy of the weights
     engine = _engine(
-        cfg, plain_copy(model) if snapshot and not vllm else model, tokenizer, cfg.explorer.partial_rollout
+        cfg, plain_copy(model) if snapshot and given else model, tokenizer, cfg.explorer.partial_rollout
     )
     sync = SYNC_METHODS[cfg.sync_method]()
     rollouts = run_dir / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
@@ -382,19 +416,24 @@ def _explorer_side(
     on_trainer_weights = explorer  # evaluation and the trainer's thread use the engine over its weights
     if snapshot and cfg.tasks.eval:
         on_trainer_weights = _explorer(cfg, _engine(cfg, model, tokenizer), None)
-    if cfg.tasks.eval:
-        stage.evaluator = build_evaluator(cfg, on_trainer_weights)
-    stage.explorer = _make_explorer_side(cfg, algorithm, scheduler, explorer, sync, run_dir, tokenizer)
-    side = stage.trainer
-    side.buffer, side.sync, side.sync_interval = stage.explorer.buffer, sync, cfg.sync.sync_interval
-    side.batch_size, side.get_timeout = cfg.trainer.batch_size, cfg.buffer.get_timeout
-    side.on_worker = _worker_of(on_trainer_weights.model, model)
-    if vllm and cfg.model.vllm is not None and cfg.model.vllm.enable_sleep_mode:
-        side.colocated = engine  # sleeps while the trainer steps on the same GPU
-    if cfg.mode == "async":
-        side.batch_size = side.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
-        if next(model.parameters()).device.type == "cpu":  # one torch thread: see HFEngine.call
-            side.on_worker = getattr(engine, "call", None)
+    evaluator = build_evaluator(cfg, on_trainer_weights) if cfg.tasks.eval else None
+    explorer_side = _make_explorer_side(cfg, algorithm, scheduler, explorer, sync, run_dir, tokenizer)
+    on_worker = _worker_of(on_trainer_weights.model, model)
+    if cfg.mode == "async" and next(model.parameters()).device.type == "cpu":
+        on_worker = getattr(engine, "call", None)  # one torch thread: see HFEngine.call
+    trainer_side = TrainerSide(
+        trainer,
+        explorer_side.buffer,
+        sync,
+        sync_interval=cfg.sync.sync_interval,
+        batch_size=cfg.trainer_batch_rows if cfg.mode == "async" else cfg.trainer.batch_size,
+        get_timeout=cfg.buffer.get_timeout,
+        on_worker=on_worker,
+        colocated=engine if getattr(engine, "enable_sleep_mode", False) else None,  # sleeps during steps
+    )
+    return Stage(
+        cfg=cfg, trainer=trainer_side, total_steps=total, explorer=explorer_side, evaluator=evaluator
+    )
 
 
 def _make_explorer_side(
@@ -406,27 +445,37 @@ def _make_explorer_side(
     run_dir: Path,
     tokenizer: Any,
     buffer: Any = None,
+    producer: str | None = None,
 ) -> ExplorerSide:
+    """The explorer side over ``explorer``: the run's buffer (or ``buffer``), the algorithm's shaping, the
+    operators and expert rows. ``producer``: an explorer process's name in a shared buffer, which counts
+    the batches it put (the side continues after them)."""
     from trine.buffer import build_pipeline
 
     a = algorithm
+    buffer = build_buffer(cfg, run_dir) if buffer is None else buffer
+    shaping = Shaping(
+        max_tokens=cfg.tasks.train.sampling.max_tokens,
+        batch_size=cfg.tasks.batch_size,
+        dynamic_sampling=a.dynamic_sampling,
+        max_extra_draws=a.max_extra_draws,
+        overlong_buffer=a.overlong_buffer,
+        overlong_penalty=a.overlong_penalty,
+    )
+    operators = build_pipeline(cfg.buffer.operators) if cfg.buffer.operators else None
+    expert = _expert(cfg, algorithm, tokenizer)
     return ExplorerSide(
         explorer,
         scheduler,
-        build_buffer(cfg, run_dir) if buffer is None else buffer,
+        buffer,
         sync,
         batch_size=cfg.tasks.batch_size,
-        shaping=Shaping(
-            max_tokens=cfg.tasks.train.sampling.max_tokens,
-            batch_size=cfg.tasks.batch_size,
-            dynamic_sampling=a.dynamic_sampling,
-            max_extra_draws=a.max_extra_draws,
-            overlong_buffer=a.overlong_buffer,
-            overlong_penalty=a.overlong_penalty,
-        ),
+        shaping=shaping,
         success_threshold=cfg.eval.success_threshold,
-        operators=build_pipeline(cfg.buffer.operators) if cfg.buffer.operators else None,
-        expert=_expert(cfg, algorithm, tokenizer),
+        operators=operators,
+        expert=expert,
+        producer=producer,
+        batches=buffer.produced(producer) if producer is not None else 0,
     )
 
 
@@ -464,44 +513,18 @@ def _worker_of(engine: Any, model: Any) -> Callable[..., Any] | None:
 def _engine(
     cfg: RunConfig, model: Any, tokenizer: Any, partial_rollout: bool = False, *, local: bool = False
 ) -> Any:
-    """The configured rollout engine (``model.engine``) over ``model``; ``engine: openai`` samples the
-    server at ``model.base_url`` with the local tokenizer. ``local``: the ``hf`` engine whatever the config
-    says (``trine serve`` itself samples the local model for the explorers that call it)."""
-    m = cfg.model
-    if m.engine == "openai" and not local:
-        from trine.models.openai_engine import OpenAIEngine
-
-        assert m.base_url is not None and m.served_model is not None  # checked by ModelConfig
-        return OpenAIEngine(
-            model,
-            tokenizer,
-            base_url=m.base_url,
-            served_model=m.served_model,
-            api_key_env=m.api_key_env,
-            timeout=m.timeout or 120.0,
-            max_batch_size=cfg.explorer.max_batch_size,
-            seed=cfg.seed,
-        )
-    if m.engine in VLLM_ENGINES and not local:  # in-process vLLM on the GPU, built from model.path
-        from trine.models.vllm_engine import VLLMEngine
-
-        settings = section_kwargs(m.vllm or VLLMConfig(), VLLMEngine)
-        if settings["dtype"] == "auto" and model is None and m.dtype != "auto":  # no loaded policy to ask
-            settings["dtype"] = m.dtype
-        return VLLMEngine(
-            model,
-            tokenizer,
-            max_batch_size=cfg.explorer.max_batch_size,
-            seed=cfg.seed,
-            path=m.path,
-            trust_remote_code=m.trust_remote_code,
-            **settings,
-        )
-    engine_class = registry.resolve("engine", "hf" if local else m.engine)
+    """The configured rollout engine (``model.engine``) over ``model``, built by its table entry: the class's
+    ``from_config`` (``openai``, ``vllm``), else the constructor convention of :mod:`trine.models.protocol`
+    (``partial_rollout``: mode async). ``local``: the ``hf`` engine whatever the config says (``trine serve``
+    itself samples the local model for the explorers that call it)."""
+    engine = engine_class(cfg, local=local)
+    from_config = getattr(engine, "from_config", None)
+    if from_config is not None:
+        return from_config(model, tokenizer, cfg.model, cfg.explorer, cfg.seed)
     extra: dict[str, Any] = {"partial_rollout": True} if partial_rollout else {}  # mode async
     if cfg.explorer.prefix_cache_tokens != ExplorerConfig().prefix_cache_tokens:
         extra["prefix_cache_tokens"] = cfg.explorer.prefix_cache_tokens  # checked at validate time
-    return engine_class(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed, **extra)
+    return engine(model, tokenizer, max_batch_size=cfg.explorer.max_batch_size, seed=cfg.seed, **extra)
 
 
 def build_buffer(cfg: RunConfig, run_dir: Path) -> Any:

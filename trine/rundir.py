@@ -28,7 +28,7 @@ import yaml
 
 from trine.config import RunConfig
 from trine.stage import Stage
-from trine.status import Heartbeat, read_status, write_status
+from trine.status import Heartbeat, beat_interval, read_status, write_status
 
 log = logging.getLogger("trine.rundir")
 
@@ -65,7 +65,7 @@ class RunDir:
         from trine.trainer.checkpoint import list_checkpoints, load_states
 
         first = stages[0]
-        path = Path(first.run_dir) if first.run_dir else Path("runs") / first.name
+        path = first.run_path
         found = list_checkpoints(path / "checkpoints") if first.resume else []
         checkpoint = found[-1] if found else None
         trainer_state, state = load_states(checkpoint) if checkpoint else ({}, {})
@@ -86,7 +86,8 @@ class RunDir:
         config = _resolved_config(stages, path)
         (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         rewind_records(path, state)
-        rd.heartbeat = Heartbeat(path, step, about={"threads": rd.threads})
+        interval = beat_interval(first.sync.wait_timeout)  # explorer processes watch it (launch/liveness)
+        rd.heartbeat = Heartbeat(path, step, interval=interval, about={"threads": rd.threads})
         try:
             say(f"run {first.name}: {_plan(stages)} in {path}")
             rd.model, rd.tokenizer = load_policy(first, path=str(checkpoint) if checkpoint else None, say=say)

@@ -1,11 +1,13 @@
 """``status.json``: how a run stands, written by the run and read by ``trine status``.
 
 A live run writes ``{"state": "running", "pid", "host", "started_at", "threads", "heartbeat", "step"}`` and
-refreshes ``heartbeat`` from a daemon thread every :data:`HEARTBEAT_SECONDS` (and ``step`` at every
-step); it ends with ``finished``, ``stopped`` (``stop_after_steps`` or Ctrl-C, with a ``reason``) or
-``failed`` (with the error). A run killed outright (kill -9, out of memory, a lost machine) leaves
-``running`` behind: :func:`describe` tells it from a live one by its pid (on the same host) and the
-age of its heartbeat. Every write replaces the file atomically, so a reader never sees half of it.
+refreshes ``heartbeat`` from a daemon thread every :data:`HEARTBEAT_SECONDS` (more often where
+``sync.wait_timeout`` is short, :func:`beat_interval`), whatever the run is doing (a long step, an
+evaluation, a wait for batches), and ``step`` at every step; it ends with ``finished``, ``stopped``
+(``stop_after_steps`` or Ctrl-C, with a ``reason``) or ``failed`` (with the error). A run killed
+outright (kill -9, out of memory, a lost machine) leaves ``running`` behind: :func:`describe` tells it
+from a live one by its pid (on the same host) and the age of its heartbeat. Every write replaces the
+file atomically, so a reader never sees half of it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,18 @@ HEARTBEAT_SECONDS = 5.0
 """How often a live run refreshes its heartbeat."""
 STALE_SECONDS = 60.0
 """A ``running`` status whose heartbeat is older than this belongs to a dead run."""
+MIN_HEARTBEAT_SECONDS = 0.25
+"""The shortest heartbeat period :func:`beat_interval` gives (a status file written 4 times a second)."""
+
+
+def beat_interval(wait_timeout: float | None) -> float:
+    """The heartbeat period of a process whose peers give up on it after ``wait_timeout`` seconds
+    without a heartbeat (:mod:`trine.launch.liveness`): a quarter of it, at most
+    :data:`HEARTBEAT_SECONDS`, at least :data:`MIN_HEARTBEAT_SECONDS`; ``None`` (wait forever):
+    :data:`HEARTBEAT_SECONDS`."""
+    if wait_timeout is None:
+        return HEARTBEAT_SECONDS
+    return max(MIN_HEARTBEAT_SECONDS, min(HEARTBEAT_SECONDS, wait_timeout / 4))
 
 
 def _now() -> str:
@@ -96,7 +110,8 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -116,7 +131,7 @@ def describe(status: dict[str, Any], stale_after: float = STALE_SECONDS) -> tupl
     if state != "running":
         return state, status.get("reason") or status.get("error") or ""
     pid, host = status.get("pid"), status.get("host")
-    if pid is not None and host == socket.gethostname() and not _alive(int(pid)):
+    if pid is not None and host == socket.gethostname() and not pid_alive(int(pid)):
         return "dead", f"process {pid} on {host} is gone"
     beat = status.get("heartbeat")
     if beat is None:

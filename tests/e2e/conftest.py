@@ -1,17 +1,17 @@
-"""Shared pieces of the end-to-end tests: a config writer over the shipped arithmetic data."""
+"""Fixtures of the end-to-end tests: an arithmetic config writer, the SFT warm-up checkpoint, and helpers
+to start a ``trine`` child process or crash a run (plain helpers are in :mod:`tests.helpers`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
+# EXAMPLE and read_metrics re-exported: tests written before tests/helpers.py import them from here
+from tests.helpers import EXAMPLE, read_metrics, write_arithmetic_config, write_config  # noqa: F401
 
 
 @pytest.fixture
@@ -22,14 +22,6 @@ def arithmetic_config(tmp_path, tiny_model_dir):
         return write_arithmetic_config(tmp_path, tiny_model_dir, name, overrides)
 
     return make
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [
-        json.loads(line)
-        for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
 
 
 def trine_process(*args: str, unbuffered: bool = False) -> subprocess.Popen:
@@ -72,9 +64,7 @@ def sft_start(tmp_path_factory):
         "eval": {"at_start": False},
         "monitor": {"sinks": ["jsonl"], "plot": False},
     }
-    path = root / "sft.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    run(load_config(path))
+    run(load_config(write_config(root / "sft.yaml", cfg)))
     return root / "run" / "checkpoints" / "step_200"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import EXAMPLE, read_metrics
+from tests.helpers import EXAMPLE, read_metrics
 from trine.config import load_config
 from trine.loop import run
 

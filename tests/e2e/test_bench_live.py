@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
+from tests.helpers import EXAMPLE, write_arithmetic_config
 from trine.config import load_config
 from trine.launch.bench import bench, read_bench
 from trine.status import read_status

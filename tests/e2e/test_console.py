@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
 from tests.e2e.conftest import trine_process
+from tests.helpers import EXAMPLE, write_arithmetic_config
 
 pytestmark = pytest.mark.slow
 

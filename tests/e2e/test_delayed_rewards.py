@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import EXAMPLE, read_metrics
+from tests.helpers import EXAMPLE, read_metrics
 from trine.buffer.inspect import read_rows
 from trine.config import load_config
 from trine.loop import run

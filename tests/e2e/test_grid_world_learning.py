@@ -13,9 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.e2e.conftest import read_metrics
+from tests.helpers import read_metrics, write_config
 from trine.config import load_config
 from trine.loop import run
 from trine.workflows.envs.grid_world import format_warmup_rows
@@ -35,8 +34,7 @@ WORKFLOW = {
 
 
 def _write(path, cfg: dict):
-    path.write_text(yaml.safe_dump(cfg))
-    return load_config(path)
+    return load_config(write_config(path, cfg))
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import EXAMPLE
-from tests.e2e.conftest import read_metrics
+from tests.helpers import EXAMPLE, read_metrics, write_config
 from trine.buffer.inspect import read_rows
 from trine.config import load_config
 from trine.feedback.queue import AnnotationQueue, queue_url
@@ -138,9 +137,7 @@ def example(name: str, tmp_path: Path, model: Path, edit: Callable[[dict], None]
         data["tasks"]["train"]["path"] = str(EXAMPLE / "data" / "train.jsonl")
     data["monitor"] = {"sinks": ["jsonl"], "plot": False}
     edit(data)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return write_config(tmp_path / f"{name}.yaml", data)
 
 
 def test_live_ratings_become_the_rewards_the_run_trains_on(tmp_path, tiny_model_dir):

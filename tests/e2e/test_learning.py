@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import EXAMPLE, read_metrics
+from tests.helpers import EXAMPLE, read_metrics
 from trine.config import load_config
 from trine.loop import run
 

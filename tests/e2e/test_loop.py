@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import read_metrics
+from tests.helpers import read_metrics
 from trine.config import load_config
 from trine.loop import run
 
@@ -106,7 +106,7 @@ def test_a_run_whose_first_step_fails_says_so(arithmetic_config, tmp_path):
 
 def test_mixed_tasksets_with_weights_and_a_curriculum(arithmetic_config, tmp_path):
     """Two tasksets mixed 3:1 per batch; the curriculum gets the explorer's pass rates as feedback."""
-    from tests.e2e.conftest import EXAMPLE
+    from tests.helpers import EXAMPLE
 
     other = {"path": str(EXAMPLE / "data" / "eval.jsonl"), "name": "other", "weight": 1.0}
     cfg = arithmetic_config(

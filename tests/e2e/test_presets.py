@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import EXAMPLE, read_metrics
+from tests.helpers import EXAMPLE, read_metrics
 from trine.algorithms import PRESETS
 from trine.config import load_config
 from trine.loop import run

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import EXAMPLE, read_metrics, trine_process
+from tests.e2e.conftest import trine_process
+from tests.helpers import EXAMPLE, read_metrics
 
 pytest.importorskip("ray", reason="the Ray tests need ray (the `ray` extra)")
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 import trine.stage
-from tests.e2e.conftest import EXAMPLE, read_metrics
+from tests.helpers import EXAMPLE, read_metrics
 from tests.unit.test_trackers import wandb_history
 from trine.config import load_config
 from trine.explorer.evaluator import Evaluator

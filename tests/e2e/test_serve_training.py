@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.conftest import EXAMPLE
-from tests.faults.test_kill_resume import trine
+from tests.helpers import EXAMPLE, trine, write_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("fastapi", reason="trine serve needs the fastapi/uvicorn of the dev extra")
@@ -50,9 +49,7 @@ def _config(tmp_path: Path, model: Path) -> Path:
     data["tasks"]["total_steps"] = ROUNDS
     data["serve"]["port"] = 0
     data["monitor"] = {"sinks": ["jsonl"], "plot": False}
-    path = tmp_path / "serve.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return write_config(tmp_path / "serve.yaml", data)
 
 
 def _url(server: subprocess.Popen, limit: float = 120.0) -> str:

@@ -27,7 +27,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():  # pragma: no cover - depends on the machine
     pytest.skip("no /usr/bin/chromium (apt-get install chromium)", allow_module_level=True)
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "studio_screenshots.py"
 TOKEN = "annotator-token-for-tests"
 
@@ -300,7 +300,7 @@ def test_a_real_run_watched_live_then_finished(page, studio, tiny_model_dir):
     import subprocess
     import sys
 
-    from tests.conftest import write_arithmetic_config
+    from tests.helpers import write_arithmetic_config
 
     url, demo = studio
     runs = Path(demo["runs"])

@@ -9,10 +9,8 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
-from tests.conftest import EXAMPLE
-from tests.e2e.conftest import read_metrics
+from tests.helpers import EXAMPLE, read_metrics, trine, write_arithmetic_config, write_config
 from trine.models import load_model
 
 pytestmark = pytest.mark.slow
@@ -46,9 +44,7 @@ def _config(tmp_path, model_dir, name: str, **extra) -> str:
         "monitor": {"sinks": ["jsonl"], "plot": False},
         **extra,
     }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
+    return str(write_config(tmp_path / f"{name}.yaml", cfg))
 
 
 def _torchrun(config: str, *overrides: str, command: str = "run") -> subprocess.CompletedProcess:
@@ -112,8 +108,6 @@ def test_ranks_refuse_a_config_they_cannot_split(tmp_path, tiny_model_dir):
 def test_a_two_rank_trainer_process_learns_from_an_explorer_process(tmp_path, tiny_model_dir):
     """``torchrun --nproc-per-node 2 trine train`` next to ``trine explore``: rank 0 takes each batch from the
     SQL buffer and hands it to rank 1, the explorer gets rank 0's weights, every step is trained once."""
-    from tests.conftest import write_arithmetic_config
-    from tests.faults.test_kill_resume import trine
     from trine.buffer.inspect import read_rows
 
     config = write_arithmetic_config(

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import yaml
 from typer.testing import CliRunner
 
+from tests.helpers import GOOD_ROWS, write_config
 from trine.cli import app
-
-GOOD_ROWS = '{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n'
-
-
-@pytest.fixture
-def project(tmp_path: Path, tiny_model_dir: Path) -> Path:
-    """A copy of the tiny model (so it may be damaged) and a good taskset."""
-    shutil.copytree(tiny_model_dir, tmp_path / "model")
-    (tmp_path / "good.jsonl").write_text(GOOD_ROWS)
-    return tmp_path
 
 
 def _config(project: Path, **changes) -> dict:
@@ -43,8 +31,7 @@ def _config(project: Path, **changes) -> dict:
 
 def _run(project: Path, data: dict) -> tuple[int, str]:
     """``trine run`` on ``data`` in-process (typer's runner); returns (exit code, stderr)."""
-    path = project / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = write_config(project / "config.yaml", data)
     result = CliRunner().invoke(app, ["run", str(path)])
     assert "Traceback" not in result.output
     return result.exit_code, result.stderr
@@ -56,8 +43,7 @@ def test_eight_numeric_mistakes_in_one_subprocess_run(project):
     data["tasks"]["train"].update(repeat=0, sampling={"max_tokens": -1, "temperature": -2})
     data["trainer"] = {"lr": -1, "micro_batch_tokens": 0}
     data["eval"] = {"k": -3}
-    path = project / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = write_config(project / "config.yaml", data)
     result = subprocess.run(
         [sys.executable, "-m", "trine.cli", "run", str(path)], capture_output=True, text=True, timeout=120
     )
@@ -115,8 +101,7 @@ def test_bogus_reward_args_and_an_unknown_reward_in_one_run(project):
 def test_a_shadowed_override_is_refused_before_the_run(project):
     data = _config(project)
     data["stages"] = [{"stage": "a", "trainer": {"lr": 0.01}}]
-    path = project / "config.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path = write_config(project / "config.yaml", data)
     result = CliRunner().invoke(app, ["run", str(path), "trainer.lr=3e-4"])
     assert result.exit_code == 2 and "stages.0.trainer.lr=3e-4" in result.stderr
     assert not (project / "run").exists()

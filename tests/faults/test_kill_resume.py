@@ -15,7 +15,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import write_arithmetic_config
+from tests.helpers import jsonl_rows, trine, write_arithmetic_config
 from trine.cli import app
 from trine.config import load_config
 from trine.loop import run
@@ -33,7 +32,6 @@ from trine.trainer.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 VOLATILE = ("time/", "trainer/tokens_per_second", "sync/seconds")
 PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")
 STORAGES = [
@@ -64,8 +62,7 @@ def write_config(tmp_path: Path, model: Path, name: str, storage: str, table: st
     return write_arithmetic_config(tmp_path, model, name, small)
 
 
-def lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+lines = jsonl_rows  # (tests of other files import lines and trine from here)
 
 
 def stable(rows: list[dict]) -> list[dict]:
@@ -101,28 +98,6 @@ def buffer_rows(run_dir: Path, storage: str, table: str) -> list[tuple[tuple, st
 
         found = read_rows(run_dir)
     return [((e.info["batch"], e.task_id, tuple(e.tokens)), s) for e, s in found]
-
-
-def _default_signals() -> None:
-    """In the child before exec: SIGINT and SIGTERM unblocked and at their defaults, as in a terminal.
-    A child inherits ignored signals and the signal mask of the thread that starts it, and after some
-    tests the test process's no longer are the defaults (a SIGINT was then never delivered)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def trine(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "trine.cli", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: the kill reaches any child it started
-        preexec_fn=_default_signals,
-        **kwargs,
-    )
 
 
 def kill_at_step(proc: subprocess.Popen, metrics: Path, step: int, limit: float = 120.0) -> None:

@@ -47,6 +47,7 @@ PLUGIN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_swallowed_sigterm_still_stops_the_run_and_it_resumes(fault_config, tmp_path):
     plugin = tmp_path / "plugin.py"
     plugin.write_text(PLUGIN)

@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
+from tests.helpers import EXAMPLE, write_arithmetic_config
 from trine.cli import app
 from trine.config import load_config
 from trine.launch.bench import BENCH_FILE, BenchError, bench, eval_settings, read_bench, with_stage_starts
 from trine.monitor import read_metrics
 from trine.monitor.plot import stage_regions
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# every test benches the checkpoints of a real run (the loop runs in `finished` or `_run`)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def parity_reward(response: str, task: object, **_: object) -> float:

@@ -7,25 +7,9 @@ import time
 
 import pytest
 
+from tests.helpers import exp, ids
 from trine.buffer import STORAGES, Buffer, BufferTimeout, MemoryBuffer
 from trine.types import Experience
-
-
-def exp(i: int, *, reward: float | None = 1.0, version: int = 0) -> Experience:
-    return Experience(
-        tokens=[1, 2, 3, 4],
-        prompt_length=2,
-        action_mask=[1, 1],
-        logprobs=[-0.5, -0.25],
-        reward=reward,
-        task_id=f"t{i}",
-        policy_version=version,
-        info={"i": i},
-    )
-
-
-def ids(exps: list[Experience]) -> list[int]:
-    return [e.info["i"] for e in exps]
 
 
 def test_memory_buffer_is_the_builtin_and_follows_the_protocol():
@@ -159,7 +143,7 @@ def test_bad_arguments_and_bad_experiences_are_rejected():
 
 
 def test_experience_check_errors():
-    good = exp(0)
+    good = exp(0, tokens=[1, 2, 3, 4], prompt_length=2, logprobs=[-0.5, -0.25])
     good.check()
     cases = [
         ({"prompt_length": 5}, "prompt_length=5 does not fit 4 tokens"),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import exp, ids
 from trine.buffer import BufferTimeout, FileBuffer, MemoryBuffer, SQLBuffer
 from trine.buffer.sampling import SamplingRules
 from trine.types import Experience
@@ -29,25 +30,6 @@ ALL = ["memory", "file", "sqlite", pytest.param("postgres", marks=needs_pg)]
 SQL = ["sqlite", pytest.param("postgres", marks=needs_pg)]
 
 Make = Callable[..., "MemoryBuffer | SQLBuffer"]
-
-
-def exp(i: int, *, reward: float | None = 1.0, version: int = 0, group: str = "") -> Experience:
-    return Experience(
-        tokens=[1, 2, 3 + i],
-        prompt_length=1,
-        action_mask=[1, 1],
-        logprobs=[-0.5, -0.25],
-        reward=reward,
-        policy_version=version,
-        task_id=f"t{i}",
-        run_id="r",
-        group_id=group,
-        info={"i": i},
-    )
-
-
-def ids(exps: list[Experience]) -> list[int]:
-    return [e.info["i"] for e in exps]
 
 
 def _drop_pg_tables(tables: list[str]) -> None:
@@ -121,7 +103,7 @@ def test_an_empty_put_is_an_empty_batch(factory):
 @pytest.mark.parametrize("factory", ALL, indirect=True)
 def test_pending_rewards_make_get_none_wait_then_time_out_consuming_nothing(factory):
     buf = factory()
-    buf.put([exp(0, reward=None), exp(1, reward=None)])
+    buf.put([exp(0, reward=None, run_id="r"), exp(1, reward=None, run_id="r")])
     start = time.monotonic()
     with pytest.raises(BufferTimeout, match=r"only 0 of 2 experiences were ready after 0.2s \(2 pending"):
         buf.get(None, timeout=0.2)
@@ -195,9 +177,16 @@ def _play(buf, by_batch: bool) -> list:
         sizes.pop(0)
         log.append((ids(got), [e.reward for e in got], buf.metrics()))
 
-    put([exp(0, group="g0"), exp(1, reward=None, group="g0"), exp(2, group="g1"), exp(3, group="g1")])
+    put(
+        [
+            exp(0, group_id="g0"),
+            exp(1, reward=None, group_id="g0", run_id="r"),
+            exp(2, group_id="g1"),
+            exp(3, group_id="g1"),
+        ]
+    )
     take(1)  # too few trainable rows yet: a timeout on every rule set
-    put([exp(4, version=1, group="g2"), exp(5, version=1, group="g2")])
+    put([exp(4, version=1, group_id="g2"), exp(5, version=1, group_id="g2")])
     take(1)
     buf.set_rewards({("t1", "r"): 0.5})
     put([])

@@ -6,44 +6,40 @@ The Buffer semantics shared with the other storages are tested in test_buffer_sq
 from __future__ import annotations
 
 import json
-import struct
+from typing import Any
 
 import pytest
 
+from tests.helpers import exp, f32, ids
 from trine.buffer import BufferTimeout, FileBuffer, SQLBuffer
 from trine.buffer.files import export_experiences, import_experiences
 from trine.types import Experience
 
 
-def f32(x: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
-def exp(i: int, *, reward: float | None = 1.0, version: int = 0) -> Experience:
-    return Experience(
-        tokens=[1, 50_000 + i, 2**31 - 1, i],
-        prompt_length=1,
-        action_mask=[1, 0, 1],
-        logprobs=[f32(-0.3 - i / 7), 0.0, f32(-1e-6)],
-        reward=reward,
-        token_rewards=[0.0, f32(0.1), 1.0] if i % 2 else None,
-        task_id=f"task{i}",
-        group_id=f"g{i // 2}",
-        run_id=f"run{i}",
-        step=i,
-        policy_version=version,
-        kind="preference" if i == 3 else "rollout",
-        info={"i": i, "text": "ünïcode ✓", "nested": {"a": [1, 2.5, None]}},
+def rich(i: int, **fields: Any) -> Experience:
+    """Experience ``i`` with every field set, to values a lossy format would change (large token ids,
+    float32 logprobs, non-ASCII and nested info); ``fields`` override them."""
+    return exp(
+        i,
+        **{
+            "tokens": [1, 50_000 + i, 2**31 - 1, i],
+            "action_mask": [1, 0, 1],
+            "logprobs": [f32(-0.3 - i / 7), 0.0, f32(-1e-6)],
+            "token_rewards": [0.0, f32(0.1), 1.0] if i % 2 else None,
+            "task_id": f"task{i}",
+            "group_id": f"g{i // 2}",
+            "run_id": f"run{i}",
+            "step": i,
+            "kind": "preference" if i == 3 else "rollout",
+            "info": {"i": i, "text": "ünïcode ✓", "nested": {"a": [1, 2.5, None]}},
+            **fields,
+        },
     )
-
-
-def ids(exps: list[Experience]) -> list[int]:
-    return [e.info["i"] for e in exps]
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 def test_export_import_round_trip_is_exact(tmp_path, suffix):
-    sent = [exp(i) for i in range(5)] + [exp(5, reward=None)]
+    sent = [rich(i) for i in range(5)] + [rich(5, reward=None)]
     sent[2].logprobs = None
     path = tmp_path / "sub" / f"experiences{suffix}"
     assert export_experiences(sent, path) == 6
@@ -51,7 +47,7 @@ def test_export_import_round_trip_is_exact(tmp_path, suffix):
 
 
 def test_jsonl_keeps_float64_values_exactly(tmp_path):
-    e = exp(0)
+    e = rich(0)
     e.logprobs = [-0.1, 0.0, -1 / 3]  # not float32-representable
     export_experiences([e], tmp_path / "x.jsonl")
     assert import_experiences(tmp_path / "x.jsonl")[0].logprobs == [-0.1, 0.0, -1 / 3]
@@ -61,7 +57,7 @@ def test_parquet_columns_have_the_documented_types(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    export_experiences([exp(0), exp(1)], tmp_path / "x.parquet")
+    export_experiences([rich(0), rich(1)], tmp_path / "x.parquet")
     table = pq.read_table(tmp_path / "x.parquet")
     schema = table.schema
     assert schema.field("tokens").type == pa.list_(pa.int32())
@@ -76,7 +72,7 @@ def test_parquet_columns_have_the_documented_types(tmp_path):
 
 def test_bad_paths_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"\.jsonl.*\.parquet"):
-        export_experiences([exp(0)], tmp_path / "x.csv")
+        export_experiences([rich(0)], tmp_path / "x.csv")
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         import_experiences(tmp_path / "missing.jsonl")
     with pytest.raises(ValueError, match="'.jsonl'"):
@@ -85,7 +81,7 @@ def test_bad_paths_are_named(tmp_path):
 
 def test_sql_buffer_rows_export_to_parquet(tmp_path):
     buf = SQLBuffer(tmp_path / "b.db")
-    sent = [exp(i) for i in range(4)]
+    sent = [rich(i) for i in range(4)]
     buf.put(sent)
     export_experiences(buf.get(4, timeout=1.0), tmp_path / "out.parquet")
     assert import_experiences(tmp_path / "out.parquet") == sent
@@ -95,7 +91,7 @@ def test_sql_buffer_rows_export_to_parquet(tmp_path):
 def test_file_buffer_reopens_where_it_left_off(tmp_path):
     path = tmp_path / "buffer.jsonl"
     buf = FileBuffer(path)
-    buf.put([exp(i, version=i) for i in range(5)] + [exp(8, reward=None), exp(9, reward=None)])
+    buf.put([rich(i, version=i) for i in range(5)] + [rich(8, reward=None), rich(9, reward=None)])
     assert ids(buf.get(2, min_version=1, timeout=0)) == [1, 2]  # 0 is dropped as stale
     assert buf.set_rewards({("task8", "run8"): 0.5}) == 1
     state = buf.state_dict()
@@ -117,7 +113,7 @@ def test_file_buffer_reopens_where_it_left_off(tmp_path):
 
 def test_file_buffer_skips_a_torn_last_line(tmp_path):
     path = tmp_path / "buffer.jsonl"
-    FileBuffer(path).put([exp(0), exp(1)])
+    FileBuffer(path).put([rich(0), rich(1)])
     with path.open("a") as f:
         f.write('{"tokens": [1, 2')  # a crash in the middle of a write
     with pytest.warns(UserWarning, match="truncated last line"):
@@ -128,7 +124,7 @@ def test_file_buffer_skips_a_torn_last_line(tmp_path):
 def test_file_buffer_log_lines_are_plain_experiences_and_events(tmp_path):
     path = tmp_path / "buffer.jsonl"
     buf = FileBuffer(path)
-    pending = exp(0, reward=None)
+    pending = rich(0, reward=None)
     buf.put([pending])
     buf.set_rewards({pending.id: 2.0})
     buf.get(1, timeout=0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,12 +10,8 @@ from trine.buffer import FileBuffer, MemoryBuffer, SamplingRules, SQLBuffer, ope
 from trine.config import BufferConfig
 
 
-def test_every_sampling_rule_is_a_buffer_config_key_with_the_same_default():
-    """A rule added to SamplingRules is read from the config key of its name: both must exist."""
-    config_fields = BufferConfig.model_fields
-    for f in dataclasses.fields(SamplingRules):
-        assert f.name in config_fields, f"SamplingRules.{f.name} has no buffer.{f.name} config key"
-        assert config_fields[f.name].default == f.default, f.name
+def test_the_default_section_gives_the_default_rules():
+    """The rules are the section's keys (declared once, tests/unit/test_declarations.py checks)."""
     assert SamplingRules.from_section(BufferConfig()) == SamplingRules()
 
 

@@ -13,32 +13,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.helpers import exp, ids, write_config
 from trine.buffer import BufferTimeout, FileBuffer, SQLBuffer
 from trine.buffer.files import import_experiences
 from trine.buffer.inspect import read_rows
 from trine.buffer.sampling import SamplingRules
-from trine.types import Experience
 
 PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")
 needs_pg = pytest.mark.skipif(not PG_URL, reason="PostgreSQL variant: set TRINE_TEST_POSTGRES_URL")
-
-
-def exp(i: int, *, reward: float | None = 1.0, version: int = 0) -> Experience:
-    return Experience(
-        tokens=[1, 2, 3 + i],
-        prompt_length=1,
-        action_mask=[1, 1],
-        reward=reward,
-        policy_version=version,
-        task_id=f"t{i}",
-        info={"i": i},
-    )
-
-
-def ids(exps: list[Experience]) -> list[int]:
-    return [e.info["i"] for e in exps]
 
 
 @pytest.fixture(params=["file", "sqlite", pytest.param("postgres", marks=needs_pg)])
@@ -184,7 +167,7 @@ def test_sql_rewind_can_be_switched_off_and_records_ranges(tmp_path):
 
 
 def _run_dir(tmp_path: Path, storage: str) -> Path:
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": storage}}))
+    write_config(tmp_path / "config.yaml", buffer={"storage": storage})
     return tmp_path
 
 

@@ -308,14 +308,17 @@ def test_whole_groups_with_priority_and_expired_members(make):
 
 
 def test_bad_options_name_the_value(tmp_path):
-    cases = [
-        ({"sampler": "lifo"}, "sampler='lifo'"),
+    cases = [  # the field, the expectation and the value
+        ({"sampler": "lifo"}, "sampler\n.*'fifo' or 'priority'.*input_value='lifo'"),
         ({"reuse_limit": 2}, "reuse_limit=2 needs sampler='priority'"),
-        ({"sampler": "priority", "reuse_limit": 0}, "reuse_limit=0"),
-        ({"cooldown": -1}, "cooldown=-1"),
-        ({"max_staleness": 1.5}, "max_staleness=1.5"),
-        ({"pending_timeout": 0}, "pending_timeout=0"),
-        ({"pending_action": "keep"}, "pending_action='keep'"),
+        (
+            {"sampler": "priority", "reuse_limit": 0},
+            "reuse_limit\n.*greater than or equal to 1.*input_value=0",
+        ),
+        ({"cooldown": -1}, "cooldown\n.*greater than or equal to 0.*input_value=-1"),
+        ({"max_staleness": 1.5}, "max_staleness\n.*valid integer.*input_value=1.5"),
+        ({"pending_timeout": 0}, "pending_timeout\n.*greater than 0.*input_value=0"),
+        ({"pending_action": "keep"}, "pending_action\n.*'drop' or 'default'.*input_value='keep'"),
     ]
     for options, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -9,13 +9,14 @@ import multiprocessing as mp
 import os
 import pickle
 import sqlite3
-import struct
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 
+from tests.helpers import exp, f32, ids
 from trine.buffer import STORAGES, Buffer, BufferTimeout, FileBuffer, MemoryBuffer, SQLBuffer
 from trine.types import Experience
 
@@ -26,30 +27,32 @@ needs_pg = pytest.mark.skipif(
 )
 
 
-def f32(x: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
-def exp(i: int, *, reward: float | None = 1.0, version: int = 0, run: str = "") -> Experience:
-    return Experience(
-        tokens=[7, 100_000 + i, 3, 2**31 - 1, i],
-        prompt_length=2,
-        action_mask=[1, 0, 1],
-        logprobs=[f32(-0.1 * i - 0.3), 0.0, f32(-2.718281828)],
-        reward=reward,
-        token_rewards=None if i % 2 else [f32(0.1), 0.0, f32(1.0 / 3.0)],
-        task_id=f"task{i % 3}",
-        group_id=f"g{i // 2}",
-        run_id=run or f"run{i}",
-        step=i % 4,
-        policy_version=version,
-        kind="sft" if i % 5 == 4 else "rollout",
-        info={"i": i, "text": "réponse ✓", "parts": {"fmt": 0.5}, "taskset": "math", "lineage": ["dedup"]},
+def rich(i: int, **fields: Any) -> Experience:
+    """Experience ``i`` with every field set, to values a lossy storage would change (large token ids,
+    float32 logprobs, non-ASCII and nested info); ``fields`` override them."""
+    return exp(
+        i,
+        **{
+            "tokens": [7, 100_000 + i, 3, 2**31 - 1, i],
+            "prompt_length": 2,
+            "action_mask": [1, 0, 1],
+            "logprobs": [f32(-0.1 * i - 0.3), 0.0, f32(-2.718281828)],
+            "token_rewards": None if i % 2 else [f32(0.1), 0.0, f32(1.0 / 3.0)],
+            "task_id": f"task{i % 3}",
+            "group_id": f"g{i // 2}",
+            "run_id": f"run{i}",
+            "step": i % 4,
+            "kind": "sft" if i % 5 == 4 else "rollout",
+            "info": {
+                "i": i,
+                "text": "réponse ✓",
+                "parts": {"fmt": 0.5},
+                "taskset": "math",
+                "lineage": ["dedup"],
+            },
+            **fields,
+        },
     )
-
-
-def ids(exps: list[Experience]) -> list[int]:
-    return [e.info["i"] for e in exps]
 
 
 def _sql(url: str, request: pytest.FixtureRequest) -> SQLBuffer:
@@ -104,7 +107,7 @@ def test_storages_are_registered_and_follow_the_protocol(tmp_path):
 
 
 def test_round_trip_keeps_every_field_exactly(storage):
-    sent = [exp(i) for i in range(6)]
+    sent = [rich(i) for i in range(6)]
     sent[1].logprobs = None
     sent[2].action_mask, sent[2].tokens, sent[2].logprobs = [], [5, 6], []  # empty response
     storage.put(sent[:4])
@@ -116,11 +119,13 @@ def test_round_trip_keeps_every_field_exactly(storage):
 
 def test_pending_rewards_become_trainable_by_task_and_run(persistent):
     storage = persistent
-    storage.put([exp(0, reward=None), exp(1, reward=None, run="r"), exp(2, reward=None, run="r"), exp(3)])
+    storage.put(
+        [rich(0, reward=None), rich(1, reward=None, run_id="r"), rich(2, reward=None, run_id="r"), rich(3)]
+    )
     assert storage.metrics()["buffer/pending"] == 3 and len(storage) == 1
     with pytest.raises(BufferTimeout):
         storage.get(2, timeout=0.05)
-    pending_id = storage.get(1, timeout=1.0)[0].id  # exp(3), the only ready one
+    pending_id = storage.get(1, timeout=1.0)[0].id  # rich(3), the only ready one
     assert pending_id != ""
     assert storage.set_rewards({("task1", "r"): 0.25, ("task2", "r"): 0.75}) == 2
     assert storage.metrics()["buffer/pending"] == 1 and len(storage) == 2
@@ -132,7 +137,7 @@ def test_pending_rewards_become_trainable_by_task_and_run(persistent):
 
 
 def test_set_rewards_by_experience_id(storage):
-    pending = exp(0, reward=None)
+    pending = rich(0, reward=None)
     storage.put([pending])
     assert storage.set_rewards({pending.id: -1.5}) == 1
     assert storage.set_rewards({pending.id: 2.0}) == 0  # no longer pending
@@ -140,8 +145,8 @@ def test_set_rewards_by_experience_id(storage):
 
 
 def test_min_version_drops_stale_experiences_and_counts_them(storage):
-    storage.put([exp(0, version=0), exp(1, version=2), exp(2, version=1), exp(3, version=3)])
-    late = exp(4, version=0, reward=None)
+    storage.put([rich(0, version=0), rich(1, version=2), rich(2, version=1), rich(3, version=3)])
+    late = rich(4, version=0, reward=None)
     storage.put([late])
     assert ids(storage.get(1, min_version=2, timeout=1.0)) == [1]
     assert storage.metrics()["buffer/dropped_stale"] == 2
@@ -153,7 +158,7 @@ def test_min_version_drops_stale_experiences_and_counts_them(storage):
 
 
 def test_get_is_all_or_nothing_and_times_out(storage):
-    storage.put([exp(i) for i in range(3)])
+    storage.put([rich(i) for i in range(3)])
     start = time.monotonic()
     with pytest.raises(BufferTimeout, match="only 3 of 5"):
         storage.get(5, timeout=0.3)
@@ -165,11 +170,11 @@ def test_get_is_all_or_nothing_and_times_out(storage):
 
 
 def test_get_waits_for_a_producer_thread(storage):
-    storage.put([exp(0)])
+    storage.put([rich(0)])
 
     def producer() -> None:
         time.sleep(0.15)
-        storage.put([exp(1), exp(2)])
+        storage.put([rich(1), rich(2)])
 
     thread = threading.Thread(target=producer)
     start = time.monotonic()
@@ -185,7 +190,7 @@ def test_get_waits_for_a_producer_thread(storage):
 
 def test_rows_are_queryable_with_plain_sql(tmp_path):
     buf = SQLBuffer(f"sqlite:///{tmp_path}/q.db")
-    buf.put([exp(i, reward=float(i)) for i in range(4)] + [exp(4, reward=None)])
+    buf.put([rich(i, reward=float(i)) for i in range(4)] + [rich(4, reward=None)])
     buf.get(1, timeout=1.0)
     con = sqlite3.connect(tmp_path / "q.db")
     assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
@@ -209,7 +214,7 @@ def test_postgres_rows_are_queryable(request):
     import sqlalchemy as sa
 
     sql_buffer = _sql(PG_URL, request)
-    sql_buffer.put([exp(i, reward=float(i)) for i in range(4)])
+    sql_buffer.put([rich(i, reward=float(i)) for i in range(4)])
     with sql_buffer._engine.connect() as conn:
         avg = conn.execute(sa.text(f"SELECT AVG(reward) FROM {sql_buffer.table_name} WHERE reward > 0"))
         assert avg.scalar() == 2.0
@@ -218,7 +223,7 @@ def test_postgres_rows_are_queryable(request):
 def test_database_is_the_state_across_objects(tmp_path):
     url = f"sqlite:///{tmp_path}/state.db"
     first = SQLBuffer(url)
-    first.put([exp(i, version=i) for i in range(4)] + [exp(9, reward=None)])
+    first.put([rich(i, version=i) for i in range(4)] + [rich(9, reward=None)])
     first.get(1, min_version=1, timeout=1.0)
     state = first.state_dict()
     first.close()
@@ -239,13 +244,13 @@ def test_state_dict_hides_the_password():
 
 def test_errors_name_the_bad_value(tmp_path):
     with pytest.raises(ValueError, match="in-memory SQLite"):
-        SQLBuffer("sqlite://").put([exp(0)])
+        SQLBuffer("sqlite://").put([rich(0)])
     with pytest.raises(ValueError, match="identifier"):
         SQLBuffer(tmp_path / "x.db", table="bad name; drop")
     with pytest.raises(ConnectionError, match="could not open 'postgresql.*u:\\*\\*\\*@127.0.0.1:9/db'"):
-        SQLBuffer("postgresql+psycopg://u:secret@127.0.0.1:9/db").put([exp(0)])
+        SQLBuffer("postgresql+psycopg://u:secret@127.0.0.1:9/db").put([rich(0)])
     buf = SQLBuffer(tmp_path / "x.db")
-    e = exp(0)
+    e = rich(0)
     buf.put([e])
     with pytest.raises(ValueError, match="already stored"):
         buf.put([e])
@@ -254,7 +259,7 @@ def test_errors_name_the_bad_value(tmp_path):
 
 
 def test_pickled_buffer_reopens_the_same_table(sql_buffer):
-    sql_buffer.put([exp(0), exp(1)])
+    sql_buffer.put([rich(0), rich(1)])
     copy = pickle.loads(pickle.dumps(sql_buffer))
     assert ids(copy.get(1, timeout=1.0)) == [0]
     assert ids(sql_buffer.get(1, timeout=1.0)) == [1]
@@ -262,7 +267,7 @@ def test_pickled_buffer_reopens_the_same_table(sql_buffer):
 
 
 def test_threads_sharing_one_buffer_take_disjoint_experiences(sql_buffer):
-    sql_buffer.put([exp(i) for i in range(80)])
+    sql_buffer.put([rich(i) for i in range(80)])
     taken: list[list[int]] = []
 
     def reader() -> None:
@@ -288,7 +293,7 @@ WRITERS, PER_WRITER, READERS, BATCH = 3, 200, 3, 10
 
 def _writer(buf: SQLBuffer, w: int) -> None:
     for start in range(0, PER_WRITER, 10):
-        batch = [exp(w * PER_WRITER + start + k, reward=None if k < 2 else 1.0) for k in range(10)]
+        batch = [rich(w * PER_WRITER + start + k, reward=None if k < 2 else 1.0) for k in range(10)]
         buf.put(batch)
         assert buf.set_rewards({e.id: 0.5 for e in batch[:2]}) == 2
 

@@ -13,33 +13,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from typer.testing import CliRunner
 
+from tests.helpers import exp, write_config
 from trine.buffer.files import FileBuffer
 from trine.buffer.sampling import SamplingRules
 from trine.buffer.sql import SQLBuffer
 from trine.buffer.states import STATES, check_state
 from trine.cli import app
 from trine.status import write_status
-from trine.types import Experience
 
 pytest.importorskip("fastapi")
 
 EXPECTED = {"pending": 1, "ready": 1, "trained": 2, "stale": 1, "expired": 1, "rolled_back": 1}
-
-
-def exp(name: str, version: int, reward: float | None = 1.0) -> Experience:
-    return Experience(
-        tokens=[5, 6, 7],
-        prompt_length=1,
-        action_mask=[1, 1],
-        reward=reward,
-        task_id=name,
-        run_id="r",
-        policy_version=version,
-        info={"response": name},
-    )
 
 
 def fill(run: Path, storage: str) -> None:
@@ -53,16 +39,18 @@ def fill(run: Path, storage: str) -> None:
         return FileBuffer(run / "buffer.jsonl", rules=rules, clock=lambda: clock[0])
 
     buffer = open_buffer()
-    buffer.put([exp("a", 0), exp("b", 0)])
-    buffer.put([exp("c", 1), exp("d", 1), exp("e", 1, reward=None)])
+    buffer.put([exp(task_id="a", version=0), exp(task_id="b", version=0)])
+    buffer.put(
+        [exp(task_id="c", version=1), exp(task_id="d", version=1), exp(task_id="e", version=1, reward=None)]
+    )
     assert [e.task_id for e in buffer.get(1)] == ["a"]  # trained
     assert [e.task_id for e in buffer.get(1, min_version=1)] == ["c"]  # b: stale (version 0 < 1)
     clock[0] = 8.0
-    buffer.put([exp("g", 1, reward=None)])  # pending (put at 8)
+    buffer.put([exp(task_id="g", version=1, reward=None)])  # pending (put at 8)
     clock[0] = 10.0
     buffer.metrics()  # e (put at 0) is past its 5 s: expired, dropped
     state = buffer.state_dict()  # a checkpoint
-    buffer.put([exp("h", 1)])  # put after it by a run that then crashed
+    buffer.put([exp(task_id="h", version=1)])  # put after it by a run that then crashed
     buffer.close()
     resumed = open_buffer()
     resumed.load_state_dict(state)  # the resume: h is rolled back
@@ -74,7 +62,7 @@ def run(request, tmp_path) -> Path:
     """A run with explorer processes (so that `trine status` shows its buffer), its buffer filled."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({"mode": "async", "buffer": {"storage": request.param}}))
+    write_config(run / "config.yaml", mode="async", buffer={"storage": request.param})
     write_status(run, "finished", step=2)
     (run / "explorers" / "0").mkdir(parents=True)
     write_status(run / "explorers" / "0", "finished", step=3)

@@ -8,11 +8,6 @@ from trine.models import load_tokenizer
 from trine.models.chat import decode_messages, encode_conversation, encode_prompt, encode_sft, readable_prompt
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
 def test_sft_row_is_the_generation_prompt_then_the_response_and_eos(tokenizer):
     chat = [{"role": "user", "content": "3+5="}]
     tokens, prompt_length = encode_sft(tokenizer, chat, "8")

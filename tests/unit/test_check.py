@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.conftest import write_arithmetic_config
+from tests.helpers import write_arithmetic_config
 from trine.cli import app
 from trine.inspect.probes import (
     OBSERVATIONS,

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tests.helpers import write_arithmetic_config, write_config
 from trine.buffer.files import import_experiences
 from trine.buffer.inspect import read_rows
 from trine.buffer.sql import SQLBuffer
@@ -20,9 +21,7 @@ runner = CliRunner()
 @pytest.fixture
 def run_dir(tmp_path):
     """A run directory with a SQL buffer: 4 consumed, 2 ready, 2 pending experiences."""
-    (tmp_path / "config.yaml").write_text(
-        yaml.safe_dump({"buffer": {"storage": "sql"}, "model": {"path": "nowhere"}})
-    )
+    write_config(tmp_path / "config.yaml", buffer={"storage": "sql"}, model={"path": "nowhere"})
     buffer = SQLBuffer(f"sqlite:///{tmp_path / 'buffer.db'}")
     exps = [
         Experience(
@@ -128,7 +127,7 @@ def test_reward_names_expired_rows_of_a_file_buffer(tmp_path):
     from trine.buffer.files import FileBuffer
     from trine.buffer.sampling import SamplingRules
 
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "file"}}))
+    write_config(tmp_path / "config.yaml", buffer={"storage": "file"})
     clock = [0.0]
     buffer = FileBuffer(
         tmp_path / "buffer.jsonl", rules=SamplingRules(pending_timeout=5.0), clock=lambda: clock[0]
@@ -157,14 +156,14 @@ def test_export_and_import_round_trip(run_dir, tmp_path):
     assert len(exported) == 8
     fresh = tmp_path / "other"
     fresh.mkdir()
-    (fresh / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "file"}}))
+    write_config(fresh / "config.yaml", buffer={"storage": "file"})
     result = runner.invoke(app, ["buffer", "import", str(fresh), str(out)])
     assert result.exit_code == 0, result.output
     assert len(read_rows(fresh)) == 8
 
 
 def test_memory_buffers_cannot_take_rewards(tmp_path):
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "memory"}}))
+    write_config(tmp_path / "config.yaml", buffer={"storage": "memory"})
     rewards = tmp_path / "r.jsonl"
     rewards.write_text('{"id": "x", "reward": 1}\n')
     result = runner.invoke(app, ["buffer", "reward", str(tmp_path), str(rewards)])
@@ -195,7 +194,7 @@ def test_tasks_process_runs_the_task_pipeline(tmp_path):
 
 
 def test_memory_buffer_runs_print_only_the_note_when_nothing_was_kept(tmp_path):
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "memory"}}))
+    write_config(tmp_path / "config.yaml", buffer={"storage": "memory"})
     for command in (["stats"], ["head"], ["export", str(tmp_path / "out.jsonl")]):
         result = runner.invoke(app, ["buffer", *command[:1], str(tmp_path), *command[1:]])
         assert result.exit_code == 0, result.output
@@ -206,10 +205,10 @@ def test_memory_buffer_runs_print_only_the_note_when_nothing_was_kept(tmp_path):
     assert not (tmp_path / "out.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_head_of_a_finished_memory_buffer_run_is_the_note_alone(tmp_path, tiny_model_dir):
     """A real run with the default in-memory buffer: its last checkpoint holds nothing untrained, so
     ``trine buffer head`` prints the note (what is kept, how to keep every experience) and no table."""
-    from tests.conftest import write_arithmetic_config
     from trine.config import load_config
     from trine.loop import run
 
@@ -235,9 +234,7 @@ def _stored(run_dir, buffer_section, experiences, *, table_decoy=False):
     from trine.config import BufferConfig
 
     config = BufferConfig.model_validate(buffer_section)
-    (run_dir / "config.yaml").write_text(
-        yaml.safe_dump({"stage": "main", "buffer": config.model_dump(mode="json")})
-    )
+    write_config(run_dir / "config.yaml", stage="main", buffer=config.model_dump(mode="json"))
     if table_decoy:  # a row in the default table of the same database, which is not the run's
         decoy = SQLBuffer(f"sqlite:///{run_dir / 'buffer.db'}")
         decoy.put(
@@ -295,7 +292,7 @@ def test_multi_stage_runs_open_the_last_persistent_buffer_or_the_named_stage(tmp
         {**file_stage, "stage": "rl"},
         {"stage": "eval_only", "buffer": {"storage": "memory"}},
     ]
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    write_config(tmp_path / "config.yaml", stages=stages)
 
     assert [e.task_id for e, _ in read_rows(tmp_path)] == ["t"]  # the last stage with a persistent buffer
     assert read_rows(tmp_path, stage="warmup") is None  # memory: its checkpoints only
@@ -338,5 +335,5 @@ def test_plugin_operators_of_the_run_are_not_needed_to_read_its_buffer(tmp_path)
     _stored(tmp_path, {"storage": "file"}, exps).close()
     config = yaml.safe_load((tmp_path / "config.yaml").read_text())
     config["buffer"]["operators"] = [{"name": "only_in_a_plugin_file"}]
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path / "config.yaml", config)
     assert [e.task_id for e, _ in read_rows(tmp_path)] == ["t"]

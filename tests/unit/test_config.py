@@ -79,6 +79,16 @@ def test_a_good_config_loads_with_defaults_from_the_sections(project):
     assert stage.stage == "main"
 
 
+def test_derived_defaults_are_properties_of_the_config(project):
+    """The run directory and the async trainer's batch are derived in one place, read everywhere."""
+    (stage,) = load_config(_write(project / "ok.yaml", {**_good(project), "name": "demo"}))
+    assert stage.run_path == Path("runs") / "demo"
+    assert stage.model_copy(update={"run_dir": str(project / "r")}).run_path == project / "r"
+    assert stage.trainer_batch_rows == stage.tasks.batch_size * stage.tasks.train.repeat == 64
+    given = stage.model_copy(update={"trainer": stage.trainer.model_copy(update={"batch_size": 5})})
+    assert given.trainer_batch_rows == 5
+
+
 def test_dotted_overrides_are_parsed_as_yaml(project):
     path = _write(project / "ok.yaml", _good(project))
     (stage,) = load_config(path, ["trainer.lr=0.1", "tasks.train.sampling.stop=[a, b]", "run_dir=x"])

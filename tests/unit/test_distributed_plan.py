@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import EXAMPLE
+from tests.helpers import EXAMPLE, write_config
 from trine.config import ClusterConfig, ConfigError, RunConfig, load_config
 from trine.distributed.plan import ResourcePlan
 
@@ -54,8 +54,6 @@ def test_the_printed_plan_lists_actors_resources_and_nodes():
 
 
 def _ray_config(tmp_path, **over) -> RunConfig:
-    import yaml
-
     data = {
         "mode": "async",
         "cluster": {"backend": "ray"},
@@ -63,9 +61,7 @@ def _ray_config(tmp_path, **over) -> RunConfig:
         "tasks": {"total_steps": 1, "train": {"path": str(EXAMPLE / "data" / "train.jsonl")}},
         **over,
     }
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return load_config(path)[0]
+    return load_config(write_config(tmp_path / "c.yaml", data))[0]
 
 
 def test_ray_defaults_to_the_broadcast_weight_sync(tmp_path):

@@ -7,7 +7,6 @@ import asyncio
 import pytest
 import torch
 
-from trine.models import load_model, load_tokenizer
 from trine.models.batching import collate, forward_logprobs
 from trine.models.engine import HFEngine
 from trine.types import Experience, SamplingParams
@@ -15,23 +14,6 @@ from trine.types import Experience, SamplingParams
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 QUESTIONS = ["hi", "What is 2+3? Tell me now, please.", "Once upon a time", "def f(x):"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return load_model(tiny_model_dir, dtype="float32", device="cpu")
-
-
-@pytest.fixture
-def engine(model, tokenizer):
-    engine = HFEngine(model, tokenizer, seed=0)
-    yield engine
-    engine.close()
 
 
 def prompts(tokenizer) -> list[list[int]]:

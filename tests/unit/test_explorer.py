@@ -61,13 +61,6 @@ def plugins():
         registry._extra.get("workflow", {}).pop(name, None)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    engine = HFEngine(load_model(tiny_model_dir), load_tokenizer(tiny_model_dir), seed=0)
-    yield engine
-    engine.close()
-
-
 def task(
     task_id: str,
     *,

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from tests.helpers import pending
 from trine.buffer.sql import SQLBuffer
 from trine.feedback.labelstudio import PAIR_CONFIG, RATE_CONFIG, export_tasks, import_tasks
 from trine.feedback.landing import land
@@ -205,13 +206,6 @@ def test_two_processes_claiming_at_once_never_get_the_same_item(where):
     queue.close()
 
 
-def _pending(exp_id: str, response=(5, 6)) -> Experience:
-    tokens = [1, 2, 3, *response]
-    return Experience(
-        tokens=tokens, prompt_length=3, action_mask=[1] * len(response), id=exp_id, group_id="g"
-    )
-
-
 def _rewards(url: str) -> dict[str, float | None]:
     from trine.buffer.inspect import _sql_rows
 
@@ -221,7 +215,7 @@ def _rewards(url: str) -> dict[str, float | None]:
 def test_landing_ratings_pairs_ties_retries_and_losses(tmp_path, queue, clock):
     buffer = SQLBuffer(f"sqlite:///{tmp_path / 'buffer.db'}", clock=clock)
     prefs = SQLBuffer(buffer.url, table="preferences", clock=clock)
-    buffer.put([_pending("e1"), _pending("e2"), _pending("e3", (9,))])
+    buffer.put([pending("e1", group_id="g"), pending("e2", group_id="g"), pending("e3", (9,), group_id="g")])
     rated, later, never = rate_item(exp_id="e1"), rate_item(exp_id="e9"), rate_item(exp_id="e-gone")
     pair, tie = pair_item(ids=("e2", "e3")), pair_item(ids=("e4", "e5"))
     queue.post([rated, later, never, pair, tie], timeout=100)
@@ -252,7 +246,7 @@ def test_landing_ratings_pairs_ties_retries_and_losses(tmp_path, queue, clock):
     assert chosen.info["chosen"] is True and chosen.info["annotator"] == "alice"
     assert by_id[f"{pair.id}-rejected"].tokens == [1, 2, 3, 7, 8]
     # the explorer puts e9 after the answer: the next pass lands it; nothing lands twice
-    buffer.put([_pending("e9")])
+    buffer.put([pending("e9", group_id="g")])
     again = land(queue, buffer, prefs, grace=30)
     assert again == {
         "rated": 1,

@@ -10,18 +10,14 @@ import torch
 
 from tests.unit.test_engine import assert_greedy_matches_hf_generate, prompts
 from trine.algorithms import PRESETS
-from trine.models import load_model, load_tokenizer
+from trine.config import TrainerConfig
+from trine.models import load_model
 from trine.models.batching import collate, forward_logprobs
 from trine.models.engine import HFEngine
 from trine.trainer import Trainer
 from trine.types import Experience, SamplingParams
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def _experiences(engine, tokenizer, n: int = 4, max_tokens: int = 16) -> list[Experience]:
@@ -80,7 +76,7 @@ def test_cuda_bf16_trainer_step_matches_float32_and_updates(tiny_model_dir, toke
     stats = {}
     for name, model in (("bf16", bf16), ("fp32", fp32)):
         before = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
-        trainer = Trainer(model, PRESETS["grpo"], pad_token_id=tokenizer.pad_token_id, lr=1e-3)
+        trainer = Trainer(model, PRESETS["grpo"], TrainerConfig(lr=1e-3), pad_token_id=tokenizer.pad_token_id)
         stats[name] = trainer.step(experiences)
         moved = max(float((v.float() - before[k]).abs().max()) for k, v in model.state_dict().items())
         assert moved > 1e-4, f"{name}: the optimizer step changed nothing"

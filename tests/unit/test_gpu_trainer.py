@@ -11,6 +11,7 @@ import torch
 
 from tests.unit.test_trainer_scale import LORA, _exps
 from trine.algorithms import PRESETS
+from trine.config import TrainerConfig
 from trine.models import load_model, load_tokenizer
 from trine.models.engine import HFEngine
 from trine.models.export import rollout_state_dict
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.gpu
 
 def _cuda_step(model_dir, model, algo=PRESETS["grpo"], ref=None, **kwargs) -> dict[str, float]:
     tokenizer = load_tokenizer(model_dir)
-    trainer = Trainer(model, algo, pad_token_id=tokenizer.pad_token_id, lr=1e-3, ref_model=ref, **kwargs)
+    settings = TrainerConfig(lr=1e-3, **kwargs)
+    trainer = Trainer(model, algo, settings, pad_token_id=tokenizer.pad_token_id, ref_model=ref)
     exps = _exps(load_model(model_dir), tokenizer)
     return trainer.step(exps)
 

@@ -9,15 +9,13 @@ import json
 
 import pytest
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
+from tests.helpers import EXAMPLE, write_arithmetic_config, write_config
 from trine.buffer import SQLBuffer
 from trine.build import _run_dir_args
 from trine.config import TasksetConfig, load_config, validate_dict
 from trine.feedback.landing import land
 from trine.feedback.queue import AnnotationQueue, queue_url
 from trine.loop import run
-from trine.models import load_model, load_tokenizer
-from trine.models.engine import HFEngine
 from trine.status import read_status
 from trine.tasks.supervised import preference_experiences
 from trine.trainer.sources import BufferSource
@@ -25,12 +23,6 @@ from trine.types import SamplingParams, Task
 from trine.workflows import WORKFLOWS, HumanFeedbackWorkflow
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    model = load_model(tiny_model_dir, dtype="float32", device="cpu")
-    return HFEngine(model, load_tokenizer(tiny_model_dir), seed=0)
 
 
 async def _no_reward(text: str, task: Task) -> tuple[float, dict[str, float]]:
@@ -165,11 +157,11 @@ def _pairs(tokenizer, n: int) -> list:
     return preference_experiences(tasks, tokenizer, "good", "bad")
 
 
-def test_buffer_source_takes_whole_pairs_and_ends_when_the_buffer_runs_dry(tiny_model_dir, tmp_path):
+def test_buffer_source_takes_whole_pairs_and_ends_when_the_buffer_runs_dry(tokenizer, tmp_path):
     from trine.buffer.sampling import SamplingRules
 
     db = f"sqlite:///{tmp_path / 'buffer.db'}"
-    rows = _pairs(load_tokenizer(tiny_model_dir), 3)
+    rows = _pairs(tokenizer, 3)
     store = SQLBuffer(db, table="preferences")
     for i in range(0, 6, 2):
         store.put(rows[i : i + 2])
@@ -192,9 +184,9 @@ def test_buffer_source_takes_whole_pairs_and_ends_when_the_buffer_runs_dry(tiny_
     assert again.next_batch(3, 3) is None
 
 
-def test_buffer_source_refuses_rollouts_for_pairs_and_names_an_empty_table(tiny_model_dir, tmp_path):
+def test_buffer_source_refuses_rollouts_for_pairs_and_names_an_empty_table(tokenizer, tmp_path):
     db = f"sqlite:///{tmp_path / 'buffer.db'}"
-    rollouts = _pairs(load_tokenizer(tiny_model_dir), 1)
+    rollouts = _pairs(tokenizer, 1)
     for e in rollouts:
         e.kind = "rollout"
     SQLBuffer(db).put(rollouts)
@@ -204,11 +196,12 @@ def test_buffer_source_refuses_rollouts_for_pairs_and_names_an_empty_table(tiny_
         BufferSource(SQLBuffer(db, table="preferences"), 2, 0.2, pairwise=True).next_batch(0, 0)
 
 
+@pytest.mark.slow
 def test_dpo_on_the_preferences_table_ends_with_the_rows_and_resumes_without_training_one_twice(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tokenizer, tmp_path
 ):
     db = tmp_path / "source.db"
-    rows = _pairs(load_tokenizer(tiny_model_dir), 3)
+    rows = _pairs(tokenizer, 3)
     store = SQLBuffer(f"sqlite:///{db}", table="preferences")
     for i in range(0, 6, 2):
         store.put(rows[i : i + 2])
@@ -242,16 +235,12 @@ def test_dpo_on_the_preferences_table_ends_with_the_rows_and_resumes_without_tra
 
 
 def test_the_human_feedback_examples_validate():
-    from tests.conftest import EXAMPLE
-
     for name in ("rate", "pairs", "dpo"):
         [cfg] = load_config(EXAMPLE.parent / "human_feedback" / f"{name}.yaml")
         assert cfg.buffer.storage == "sql"
 
 
 def test_docs_show_the_example_configs_as_they_are():
-    from tests.conftest import EXAMPLE
-
     doc = (EXAMPLE.parents[1] / "docs" / "annotation.md").read_text()
     for name in ("rate", "pairs", "dpo"):
         text = (EXAMPLE.parent / "human_feedback" / f"{name}.yaml").read_text().rstrip("\n")
@@ -261,8 +250,6 @@ def test_docs_show_the_example_configs_as_they_are():
 def test_answers_land_in_the_stage_that_explores_not_a_later_dpo_stage(tmp_path):
     """A run that explores with human_feedback and then trains DPO on the preferences table: answers
     land in the exploring stage's buffer (the DPO stage's buffer is the preferences table itself)."""
-    import yaml
-
     from trine.cli.annotate import exploring_stage
 
     sql = {"storage": "sql", "url": f"sqlite:///{tmp_path}/buffer.db"}
@@ -272,7 +259,7 @@ def test_answers_land_in_the_stage_that_explores_not_a_later_dpo_stage(tmp_path)
         {"stage": "dpo", "mode": "train", "tasks": {"source": "buffer", "train": None},
          "buffer": {**sql, "storage_args": {"table": "preferences"}}},
     ]  # fmt: skip
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    write_config(tmp_path / "config.yaml", stages=stages)
     assert exploring_stage(tmp_path) == "ask"
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"name": "one", "buffer": sql}))
+    write_config(tmp_path / "config.yaml", name="one", buffer=sql)
     assert exploring_stage(tmp_path) is None  # a single-stage run: its only stage

@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
-from tests.e2e.conftest import read_metrics
+from tests.helpers import EXAMPLE, read_metrics, write_arithmetic_config
 from trine.config import load_config, validate_dict
 from trine.models.auxiliary import AuxiliaryModels
 from trine.rewards.judge import llm_judge, parse_verdict
@@ -110,6 +109,7 @@ def test_verdicts_are_read_or_refused_with_the_reply():
         parse_verdict("maybe")
 
 
+@pytest.mark.slow
 def test_a_run_trains_on_the_judges_rewards(tmp_path, tiny_model_dir, judge_url):
     url, seen = judge_url
     before = len(seen)

@@ -38,7 +38,18 @@ MEETS = {
 """Where the two sides meet (DESIGN §2): the explorer side may use workflows, tasks, rewards and the buffer
 and sync protocols; the trainer side the ``algorithms`` library, the buffer and sync protocols and (mode
 ``train``'s sources) a task scheduler."""
-BASE = {"types", "config", "registry", "models", "blocking", "status", "tools", "feedback", "sqlstore", "threads"}
+BASE = {
+    "types",
+    "config",
+    "registry",
+    "models",
+    "blocking",
+    "status",
+    "tools",
+    "feedback",
+    "sqlstore",
+    "threads",
+}
 LIBRARIES = {"algorithms": {"trainer"}}  # library -> the stages that may import it
 ENTRY_POINTS = {"trine", "loop", "modes", "launch", "cli", "inspect", "serve", "studio", "distributed"}
 WIRING = ENTRY_POINTS | {"build", "rundir", "stage"}
@@ -288,14 +299,18 @@ def test_no_import_circles():
 
 
 def test_circles_finds_one_through_a_function():
-    found = imports("trine.config.checks", "def f():\n    from trine.models import x\n") + imports(
-        "trine.models", "from trine.config import RunConfig\n", is_package=True
-    ) + imports("trine.config", "from trine.config.checks import f\n", is_package=True)
+    found = (
+        imports("trine.config.checks", "def f():\n    from trine.models import x\n")
+        + imports("trine.models", "from trine.config import RunConfig\n", is_package=True)
+        + imports("trine.config", "from trine.config.checks import f\n", is_package=True)
+    )
     assert circles(found) == [["trine.config", "trine.config.checks", "trine.models"]]
 
 
 def test_config_imports_no_models():
     """The config is the base every part reads: it names engines and presets as strings, never imports
     model code (which imports torch and transformers)."""
-    found = [imp for imp in package_imports() if group(imp.module) == "config" and group(imp.target) == "models"]
+    found = [
+        imp for imp in package_imports() if group(imp.module) == "config" and group(imp.target) == "models"
+    ]
     assert found == [], [f"{imp.module}:{imp.line} imports {imp.target}" for imp in found]

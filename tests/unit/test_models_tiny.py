@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from trine.models import PRESETS, init_model, load_model, load_tokenizer
 from trine.models.loading import resolve_dtype
@@ -31,11 +31,6 @@ TEXTS = [
     "def f(x):\n    return {'a': [1, 2]}  # comment",
     "<|im_start|>user\nhi<|im_end|>\n",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.mark.parametrize("text", TEXTS)

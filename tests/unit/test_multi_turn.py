@@ -8,17 +8,12 @@ import re
 import pytest
 
 from tests.unit.test_envs import Faulty, faulty, make_task
-from trine.models import load_model, load_tokenizer
+from trine.models import load_model
 from trine.models.engine import HFEngine
 from trine.types import Completion, SamplingParams
 from trine.workflows import WORKFLOWS, MultiTurnWorkflow
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 class Conversational:

@@ -24,10 +24,11 @@ from tests.unit.test_serve import MODEL, serving  # noqa: E402
 from trine import build  # noqa: E402
 from trine.buffer import MemoryBuffer  # noqa: E402
 from trine.config import load_config, validate_dict  # noqa: E402
+from trine.config.engines import engine_problems  # noqa: E402
 from trine.explorer import Explorer  # noqa: E402
 from trine.models import load_model  # noqa: E402
 from trine.models.chat import encode_prompt  # noqa: E402
-from trine.models.openai_engine import OpenAIEngine, OpenAIEngineError, engine_problems  # noqa: E402
+from trine.models.openai_engine import OpenAIEngine, OpenAIEngineError  # noqa: E402
 from trine.types import SamplingParams, Task  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -228,7 +229,7 @@ def test_config_checks(tmp_path, tiny_model_dir, tokenizer):
     assert "expected http(s)://" in scheme
     (sync,) = errors(good)
     assert "mode sync" in sync and "launch: processes" in sync and "trine serve" in sync
-    # the checks that need the whole run (for trine.config.checks.mode_problems)
+    # the checks that need the whole run (trine.config.engines, for trine.config.checks.mode_problems)
     path = write_arithmetic_config(tmp_path, tiny_model_dir, "t", {"model": good}, async_processes)
     (cfg,) = load_config(path)
     assert engine_problems(cfg) == []

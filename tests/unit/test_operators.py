@@ -214,13 +214,6 @@ def test_plain_callables_and_the_step_counter():
 # -- judges and embeddings with the tiny model ------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir, one_torch_thread):
-    from trine.models import load_model, load_tokenizer
-
-    return load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
-
-
 def _chat_experiences(tokenizer, pairs, groups):
     from trine.models.chat import encode_prompt
 
@@ -232,12 +225,12 @@ def _chat_experiences(tokenizer, pairs, groups):
     return out
 
 
-def test_quality_logprob_matches_a_direct_forward(tiny):
+def test_quality_logprob_matches_a_direct_forward(model, tokenizer, one_torch_thread):
     import torch
 
     from trine.models.chat import encode_prompt
 
-    model, tok = tiny
+    tok = tokenizer
     pairs = [("What is 2+3?", "5"), ("Say hi.", "hello there, how are you"), ("Count.", "1 2 3 4")]
     exps = _chat_experiences(tok, pairs, ["a", "a", "b"])
     exps.append(make([5, 6], None, "b", info={"prompt": "x", "response": "y"}))
@@ -260,8 +253,10 @@ def test_quality_logprob_matches_a_direct_forward(tiny):
     assert op.last_counts["scored"] == 3.0 and op.last_counts["pending"] == 1.0
 
 
-def test_quality_yes_prob_is_a_probability_independent_of_batching(tiny, tiny_model_dir):
-    model, tok = tiny
+def test_quality_yes_prob_is_a_probability_independent_of_batching(
+    model, tokenizer, tiny_model_dir, one_torch_thread
+):
+    tok = tokenizer
     exps = _chat_experiences(tok, [("Is 2+2=4?", "yes it is"), ("Name a color.", "blue")], ["a", "b"])
     QualityMapper(model, tokenizer=tok, method="yes_prob", score_range=(0.0, 1.0), batch_size=2)(exps)
     one = _chat_experiences(tok, [("Name a color.", "blue")], ["b"])
@@ -272,10 +267,10 @@ def test_quality_yes_prob_is_a_probability_independent_of_batching(tiny, tiny_mo
     assert exps[1].reward == pytest.approx(1.0 + exps[1].info["quality"])
 
 
-def test_diversity_is_the_cosine_distance_to_the_group_mean(tiny):
+def test_diversity_is_the_cosine_distance_to_the_group_mean(model, tokenizer, one_torch_thread):
     import torch
 
-    model, tok = tiny
+    tok = tokenizer
     pairs = [
         ("q", "the cat sat"),
         ("q", "the cat sat"),
@@ -307,8 +302,8 @@ def test_diversity_is_the_cosine_distance_to_the_group_mean(tiny):
     assert op.last_counts["weight"] == pytest.approx(0.3)
 
 
-def test_local_lm_decodes_tokens_when_info_has_no_text(tiny):
-    model, tok = tiny
+def test_local_lm_decodes_tokens_when_info_has_no_text(model, tokenizer, one_torch_thread):
+    tok = tokenizer
     e = _chat_experiences(tok, [("q", "hello world")], ["g"])[0]
     del e.info["response"], e.info["prompt"]
     QualityMapper(model, tokenizer=tok)([e])

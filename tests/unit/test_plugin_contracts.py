@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
-import yaml
 
+from tests.helpers import write_config
 from trine import registry
 from trine.config import ConfigError, RunConfig, load_config
 from trine.types import Experience, Task
@@ -69,9 +69,7 @@ class Contract:
             },
             "monitor": {"sinks": ["jsonl"], "plot": False},
         }
-        path = self.tmp / "config.yaml"
-        path.write_text(yaml.safe_dump(base))
-        return path
+        return write_config(self.tmp / "config.yaml", base)
 
     def config(self, *overrides: str) -> RunConfig:
         """The validated config with ``key=value`` overrides (as on the command line)."""
@@ -184,6 +182,7 @@ def rollouts(model_dir: Path, n: int = 4) -> list[Experience]:
 def train_one_step(cfg: RunConfig, model_dir: Path) -> tuple[dict[str, float], float]:
     """One ``Trainer.step`` with the algorithm ``cfg`` builds: its metrics and how far the weights moved."""
     from trine import build
+    from trine.config import TrainerConfig
     from trine.models import load_model, load_tokenizer
     from trine.trainer import Trainer
 
@@ -191,7 +190,9 @@ def train_one_step(cfg: RunConfig, model_dir: Path) -> tuple[dict[str, float], f
     algorithm.check_args()
     model = load_model(model_dir)
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = Trainer(model, algorithm, pad_token_id=load_tokenizer(model_dir).pad_token_id, lr=1e-2)
+    trainer = Trainer(
+        model, algorithm, TrainerConfig(lr=1e-2), pad_token_id=load_tokenizer(model_dir).pad_token_id
+    )
     metrics = trainer.step(rollouts(model_dir))
     moved = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
     assert trainer.version == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,16 +14,6 @@ def _stages(data: dict, base: Path) -> list:
     stages, errors = validate_dict(data, base_dir=base)
     assert errors == []
     return stages
-
-
-@pytest.fixture
-def project(tmp_path: Path, tiny_model_dir: Path) -> Path:
-    """A copy of the tiny model (so it may be damaged) and a good taskset."""
-    shutil.copytree(tiny_model_dir, tmp_path / "model")
-    (tmp_path / "good.jsonl").write_text(
-        '{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n'
-    )
-    return tmp_path
 
 
 def _config(train: str = "good.jsonl", **tasks) -> dict:

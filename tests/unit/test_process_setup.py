@@ -8,7 +8,7 @@ import json
 
 from typer.testing import CliRunner
 
-from tests.conftest import write_arithmetic_config
+from tests.helpers import write_arithmetic_config
 from trine.cli import app
 from trine.config import load_config
 from trine.launch.processes import check_shared_config, trainer_lock

@@ -8,17 +8,15 @@ import itertools
 import sqlite3
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
-from tests.conftest import write_arithmetic_config
-from tests.e2e.conftest import read_metrics
+from tests.helpers import exp, read_metrics, write_arithmetic_config, write_config
 from trine.buffer import SamplingRules, SQLBuffer
 from trine.buffer.replay import ReplayError, TrainedSteps
 from trine.cli import app
 from trine.config import load_config
-from trine.loop import run
 from trine.launch.replay import replay
+from trine.loop import run
 from trine.types import Experience
 
 runner = CliRunner()
@@ -50,6 +48,7 @@ def _replayed_keys(row: dict) -> dict:
     return {k: v for k, v in row.items() if k.startswith(keep) and k not in TIMING}
 
 
+@pytest.mark.slow
 def test_replaying_a_sync_run_reproduces_its_trainer_metrics(tmp_path, tiny_model_dir, one_torch_thread):
     config = _config(tmp_path, tiny_model_dir, "sync")
     run(load_config(config))
@@ -74,6 +73,7 @@ def test_replaying_a_sync_run_reproduces_its_trainer_metrics(tmp_path, tiny_mode
     assert sorted(p.name for p in (target / "checkpoints").iterdir())[-1].endswith("4")
 
 
+@pytest.mark.slow
 def test_replaying_an_async_run_trains_its_steps_in_order(tmp_path, tiny_model_dir, one_torch_thread):
     config = _config(tmp_path, tiny_model_dir, "async", buffer={"max_staleness": 1})
     run(load_config(config))
@@ -93,22 +93,12 @@ def _clock():
 
 
 def _group(name: str, rewards: list[float], version: int = 0) -> list[Experience]:
-    return [
-        Experience(
-            tokens=[1, 2, 3],
-            prompt_length=1,
-            action_mask=[1, 1],
-            reward=r,
-            group_id=name,
-            policy_version=version,
-        )
-        for r in rewards
-    ]
+    return [exp(reward=r, group_id=name, version=version) for r in rewards]
 
 
 def _run_dir_with(tmp_path, buffer: dict) -> SQLBuffer:
     """A run directory whose config.yaml names ``buffer`` and whose SQL buffer is returned, empty."""
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"name": "r", "buffer": buffer}))
+    write_config(tmp_path / "config.yaml", name="r", buffer=buffer)
     rules = SamplingRules(**{k: v for k, v in buffer.items() if k != "storage"})
     return SQLBuffer(f"sqlite:///{tmp_path / 'buffer.db'}", rules=rules, clock=_clock())
 
@@ -166,7 +156,7 @@ def test_runs_that_cannot_be_replayed_are_refused_before_anything_is_written(tmp
     assert "does not exist; pass a run directory" in refused(tmp_path / "nowhere")
     for storage in ("memory", "file"):
         (tmp_path / storage).mkdir()
-        (tmp_path / storage / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": storage}}))
+        write_config(tmp_path / storage / "config.yaml", buffer={"storage": storage})
         said = refused(tmp_path / storage)
         assert f"buffer.storage={storage!r}" in said and "run with buffer.storage: sql" in said
     idle = tmp_path / "idle"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trine.algorithms import PRESETS, correction_metrics, rollout_correction
-from trine.config import validate_dict
+from trine.config import TrainerConfig, validate_dict
 from trine.models import load_model, load_tokenizer
 from trine.models.batching import collate, forward_logprobs
 from trine.models.engine import HFEngine
@@ -116,9 +116,8 @@ def _step(tiny_model_dir, tokenizer, shift: float, **algo) -> dict[str, float]:
     trainer = Trainer(
         model,
         PRESETS["grpo"].with_overrides(**algo),
+        TrainerConfig(grad_clip=0.0, recompute_logprobs=True),
         pad_token_id=tokenizer.pad_token_id,
-        grad_clip=0.0,
-        recompute_logprobs=True,
     )
     return trainer.step(exps)
 

@@ -15,15 +15,13 @@ import os
 import re
 import socket
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
+from tests.helpers import dead_pid, exp, write_config
 from trine.buffer.inspect import run_buffer_config
 from trine.buffer.open import open_buffer
 from trine.cli import app
@@ -31,32 +29,12 @@ from trine.inspect.report import last_value, published_version, run_status
 from trine.monitor import build_monitor, read_metrics
 from trine.monitor.plot import plot_run
 from trine.status import Heartbeat, write_status
-from trine.types import Experience
 
 HOST = socket.gethostname()
 
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-
-
-def gone_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
-def exp(i: int, version: int, reward: float | None = 1.0) -> Experience:
-    return Experience(
-        tokens=[5, 6, 7],
-        prompt_length=1,
-        action_mask=[1, 1],
-        reward=reward,
-        task_id=f"t{i}",
-        group_id=f"g{i}",
-        run_id=f"r{i}",
-        policy_version=version,
-    )
 
 
 def log_lines(directory: Path, rows: list[dict], start: float) -> None:
@@ -73,11 +51,11 @@ def run_dir(tmp_path: Path) -> Path:
     published."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({"mode": "async", "buffer": {"storage": "sql"}}))
+    write_config(run / "config.yaml", mode="async", buffer={"storage": "sql"})
     write_status(run, "running", step=12, pid=os.getpid(), host=HOST, heartbeat=now())
     start = time.time() - 100
     log_lines(run, [{"trainer/loss": 1.0 / s, "trainer/version": float(s)} for s in range(1, 13)], start)
-    for index, (batches, pid, version) in enumerate([(7, os.getpid(), 11), (3, gone_pid(), 5)]):
+    for index, (batches, pid, version) in enumerate([(7, os.getpid(), 11), (3, dead_pid(), 5)]):
         out = run / "explorers" / str(index)
         out.mkdir(parents=True)
         write_status(out, "running", step=batches, pid=pid, host=HOST, heartbeat=now())
@@ -88,7 +66,11 @@ def run_dir(tmp_path: Path) -> Path:
         log_lines(out, rows, start + index)
     buffer = open_buffer(run_buffer_config(run), run)
     buffer.put([exp(i, version=0) for i in range(4)], producer="explorer-0", producer_batch=0)
-    buffer.put([exp(4, 1), exp(5, 1), exp(6, 1, reward=None)], producer="explorer-1", producer_batch=0)
+    buffer.put(
+        [exp(4, version=1), exp(5, version=1), exp(6, version=1, reward=None)],
+        producer="explorer-1",
+        producer_batch=0,
+    )
     buffer.get(2, timeout=1.0)  # trains the two oldest
     buffer.get(1, min_version=1, timeout=1.0)  # the other two of version 0 are stale: dropped
     buffer.close()
@@ -156,10 +138,10 @@ def test_json_has_the_same_and_exit_codes_follow_the_processes(run_dir):
     out1 = run_dir / "explorers" / "1"
     write_status(out1, "finished", step=3, reason="the trainer's run ended")
     assert status(str(run_dir))[0] == 0  # an explorer that ended is no fault
-    write_status(out1, "running", step=3, pid=gone_pid(), host=HOST, heartbeat=now())
+    write_status(out1, "running", step=3, pid=dead_pid(), host=HOST, heartbeat=now())
     write_status(run_dir, "finished", step=12)
     assert status(str(run_dir))[0] == 0  # the trainer finished: explorers left behind do not matter
-    write_status(run_dir, "running", step=12, pid=gone_pid(), host=HOST, heartbeat=now())
+    write_status(run_dir, "running", step=12, pid=dead_pid(), host=HOST, heartbeat=now())
     code, out = status(str(run_dir))
     assert code == 1 and "  trainer: dead at step 12, version 12 (process " in out
 
@@ -184,10 +166,10 @@ def test_a_live_explorer_heartbeat_and_one_not_started_yet(run_dir):
 
 
 def test_a_memory_buffer_or_no_database_is_a_note(run_dir, tmp_path):
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "memory"}}))
+    write_config(run_dir / "config.yaml", buffer={"storage": "memory"})
     out = status(str(run_dir))[1]
     assert "  buffer: not shown for buffer.storage 'memory' (only a SQL buffer" in out
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "sql"}}))
+    write_config(run_dir / "config.yaml", buffer={"storage": "sql"})
     (run_dir / "buffer.db").unlink()
     assert f"  buffer: no database yet ({run_dir / 'buffer.db'} does not exist)" in status(str(run_dir))[1]
     assert not (run_dir / "buffer.db").exists(), "status must not create the database"

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+from tests.helpers import pending  # noqa: E402
 from trine.buffer.inspect import read_rows  # noqa: E402
 from trine.buffer.sql import SQLBuffer  # noqa: E402
 from trine.feedback.queue import ANNOTATIONS_FILE, AnnotationQueue, Item, queue_url  # noqa: E402
@@ -22,11 +23,6 @@ from trine.types import Experience  # noqa: E402
 OWNER = {"Authorization": "Bearer owner-token"}
 ALICE = {"X-Annotator-Token": "tok-alice"}
 BOB = {"X-Annotator-Token": "tok-bob"}
-
-
-def pending(exp_id: str, response: tuple[int, ...] = (5, 6)) -> Experience:
-    tokens = [1, 2, 3, *response]
-    return Experience(tokens=tokens, prompt_length=3, action_mask=[1] * len(response), id=exp_id)
 
 
 def make_run(runs: Path, name: str, experiences: list[Experience]) -> Path:

@@ -216,6 +216,7 @@ def test_start_refuses_invalid_existing_and_bad_names(studio, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_start_runs_a_detached_run_to_the_end(tmp_path):
     data = tmp_path / "data"
     data.mkdir()

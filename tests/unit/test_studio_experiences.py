@@ -16,8 +16,8 @@ import uuid
 import httpx
 import pytest
 import torch
-import yaml
 
+from tests.helpers import write_config
 from trine.buffer.files import FileBuffer
 from trine.buffer.sampling import SamplingRules
 from trine.buffer.sql import SQLBuffer
@@ -99,7 +99,7 @@ def write_run(runs, name: str, buffer: dict, model, algorithm: str = "grpo") -> 
     run = runs / name
     run.mkdir(parents=True)
     config = {"model": {"path": str(model)}, "buffer": buffer, "algorithm": {"name": algorithm}}
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(run / "config.yaml", config)
 
 
 @pytest.fixture(scope="module")
@@ -345,17 +345,17 @@ def test_half_written_runs_give_notes(env):
     runs = env["runs"]
     (runs / "starting").mkdir()
     (runs / "nodb").mkdir()
-    (runs / "nodb" / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "sql"}}))
+    write_config(runs / "nodb" / "config.yaml", buffer={"storage": "sql"})
     (runs / "garbage").mkdir()
     (runs / "garbage" / "buffer.db").write_bytes(b"this is not a database" * 100)
-    (runs / "garbage" / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "sql"}}))
+    write_config(runs / "garbage" / "config.yaml", buffer={"storage": "sql"})
     (runs / "notable").mkdir()
     (runs / "notable" / "buffer.db").write_bytes(b"")
-    (runs / "notable" / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "sql"}}))
+    write_config(runs / "notable" / "config.yaml", buffer={"storage": "sql"})
     (runs / "badyaml").mkdir()
     (runs / "badyaml" / "config.yaml").write_text("buffer: [unclosed")
     (runs / "plugin").mkdir()
-    (runs / "plugin" / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "os:system"}}))
+    write_config(runs / "plugin" / "config.yaml", buffer={"storage": "os:system"})
     for run, source, words in [
         ("starting", "none", "config.yaml"),
         ("nodb", "sql", "does not exist"),
@@ -377,7 +377,7 @@ def test_half_written_runs_give_notes(env):
 def test_memory_buffer_shows_the_last_checkpoint(env):
     runs, tok = env["runs"], env["tok"]
     (runs / "mem").mkdir()
-    (runs / "mem" / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "memory"}}))
+    write_config(runs / "mem" / "config.yaml", buffer={"storage": "memory"})
     body = listed(env, "mem")
     assert body["source"] == "memory" and body["total"] == 0 and "no checkpoint yet" in body["note"]
     step = runs / "mem" / "checkpoints" / "step_2"
@@ -444,7 +444,7 @@ def test_an_older_table_without_expired_at_or_the_new_indexes(env):
     con.execute("ALTER TABLE experiences DROP COLUMN expired_at")
     con.commit()
     con.close()
-    (old / "config.yaml").write_text(yaml.safe_dump({"buffer": {"storage": "sql"}}))
+    write_config(old / "config.yaml", buffer={"storage": "sql"})
     assert [r["id"] for r in listed(env, "old", status="stale")["rows"]] == ["o-0"]
     assert listed(env, "old", status="expired")["total"] == 0
     statuses = get(env, "/api/runs/old/experiences/facets").json()["statuses"]

@@ -15,13 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
+from tests.helpers import EXAMPLE, dead_pid, exp, write_arithmetic_config, write_config
 from trine.studio import run_metrics
 from trine.studio.server import background
 from trine.studio.settings import StudioSettings
-from trine.types import Experience
 
 REPO = Path(__file__).resolve().parents[2]
 PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")
@@ -42,7 +40,10 @@ def make_run(root: Path, name: str, config=None, status=None, metrics=None, **fi
     run = root / name
     run.mkdir(parents=True)
     if config is not None:
-        (run / "config.yaml").write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+        if isinstance(config, str):
+            (run / "config.yaml").write_text(config)
+        else:
+            write_config(run / "config.yaml", config)
     if status is not None:
         (run / "status.json").write_text(status if isinstance(status, str) else json.dumps(status))
     if metrics is not None:
@@ -54,12 +55,6 @@ def make_run(root: Path, name: str, config=None, status=None, metrics=None, **fi
 
 def lines(*records) -> str:
     return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records)
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def ev(step, stage_name, **tasks) -> dict:
@@ -342,12 +337,6 @@ def test_eval_table_follows_a_growing_and_a_rewound_file(api, runs):
     assert [(r["step"], r["accuracy"]) for r in body["rows"]] == [(1, 0.9), (3, 0.8)]
 
 
-def exp(i: int, reward: float | None = 1.0, version: int = 1) -> Experience:
-    return Experience(
-        tokens=[1, 2, 3], prompt_length=1, action_mask=[1, 1], reward=reward, policy_version=version
-    )
-
-
 def snapshot(run: Path) -> dict[str, tuple[int, int]]:
     """Every file's size and mtime; a SQLite ``-shm`` file (the WAL index, shared memory that every
     reader of a database in WAL mode updates) only by its presence."""
@@ -365,7 +354,11 @@ def test_sql_and_file_buffers_are_counted_without_writing(api, runs):
 
     sql_run = make_run(runs, "sqlrun", stage(buffer={"storage": "sql"}), {"state": "finished", "step": 1})
     buf = SQLBuffer(f"sqlite:///{sql_run / 'buffer.db'}")
-    buf.put([exp(i, version=0) for i in range(2)] + [exp(i) for i in range(4)] + [exp(9, reward=None)])
+    buf.put(
+        [exp(i, version=0) for i in range(2)]
+        + [exp(i, version=1) for i in range(4)]
+        + [exp(9, reward=None, version=1)]
+    )
     assert len(buf.get(2, min_version=1)) == 2  # the two version-0 rows are dropped as stale
     buf.close()
     before = snapshot(sql_run)
@@ -379,7 +372,7 @@ def test_sql_and_file_buffers_are_counted_without_writing(api, runs):
     assert snapshot(sql_run) == before  # read-only: not even a -wal or -shm file appeared
     file_run = make_run(runs, "filerun", stage(buffer={"storage": "file"}))
     buf = FileBuffer(file_run / "buffer.jsonl")
-    buf.put([exp(i) for i in range(3)] + [exp(7, reward=None)])
+    buf.put([exp(i, version=1) for i in range(3)] + [exp(7, reward=None, version=1)])
     buf.get(1)
     buf.close()
     counts = api.get("/api/runs/filerun").json()["buffer"]["counts"]
@@ -404,7 +397,7 @@ def test_a_postgresql_buffer_is_counted(api, runs):
     make_run(runs, "pgrun", stage(buffer=section), {"state": "finished", "step": 1})
     buf = SQLBuffer(PG_URL, table=table)
     try:
-        buf.put([exp(i) for i in range(3)] + [exp(5, reward=None)])
+        buf.put([exp(i, version=1) for i in range(3)] + [exp(5, reward=None, version=1)])
         buf.get(2)
         assert api.get("/api/runs/pgrun").json()["buffer"] == {
             "storage": "sql",
@@ -435,6 +428,7 @@ def test_an_import_path_in_a_run_config_is_never_imported(api, runs):
     assert "import paths are not loaded" in note and not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_real_short_run_watched_while_it_runs(tmp_path, tiny_model_dir):
     """`python -m trine.cli run` (2 steps, SQL buffer, eval each step), polled as the page polls it."""
     runs_dir = tmp_path / "runs"

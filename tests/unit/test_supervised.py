@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from trine.models import load_tokenizer
 from trine.models.chat import encode_sft
 from trine.tasks.supervised import preference_experiences, sft_experiences
 from trine.types import Task
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 def test_sft_rows_train_on_the_answer_or_the_response_key(tokenizer):

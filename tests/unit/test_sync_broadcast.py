@@ -200,6 +200,7 @@ def test_bad_settings_name_the_value_and_the_fix():
         assert resolve_backend("auto") == "gloo"
 
 
+@pytest.mark.slow  # explorer processes
 @pytest.mark.parametrize("bucket_mb", [64, 0.01], ids=["one-bucket", "many-buckets"])
 def test_an_explorer_receives_bit_identical_weights(explorers, model_dir, bucket_mb):
     explorer = explorers[0]
@@ -227,6 +228,7 @@ def test_an_explorer_receives_bit_identical_weights(explorers, model_dir, bucket
         explorer.ask("close")
 
 
+@pytest.mark.slow  # explorer processes
 def test_two_explorers_are_served_and_a_killed_or_hung_one_costs_only_its_channel(explorers, model_dir):
     timeout = 3.0
     doomed = [Explorer(None), Explorer(None)]  # to be killed (SIGKILL) and hung (SIGSTOP)
@@ -265,6 +267,7 @@ def test_two_explorers_are_served_and_a_killed_or_hung_one_costs_only_its_channe
             d.process.join(10)
 
 
+@pytest.mark.slow  # explorer processes
 def test_a_late_joiner_gets_the_newest_version_without_a_new_push(explorers, model_dir):
     explorer = explorers[1]
     model = _trainer_model(model_dir)
@@ -284,6 +287,7 @@ def test_a_late_joiner_gets_the_newest_version_without_a_new_push(explorers, mod
         explorer.ask("close")
 
 
+@pytest.mark.slow  # explorer processes
 def test_an_explorer_with_another_model_gets_a_clear_error_and_keeps_its_weights(
     explorers, model_dir, tiny_model_dir
 ):
@@ -304,6 +308,7 @@ def test_an_explorer_with_another_model_gets_a_clear_error_and_keeps_its_weights
         explorer.ask("model", str(model_dir))
 
 
+@pytest.mark.slow  # explorer processes
 def test_a_dead_joiner_does_not_hold_up_the_next_one(explorers, model_dir):
     """One that took a slot and died before giving its name must not block the trainer's store."""
     import torch.distributed as dist
@@ -339,6 +344,7 @@ def _both_sides_then_exit(model_dir: str, results) -> None:
     results.put(time.monotonic() - start)
 
 
+@pytest.mark.slow  # explorer processes
 def test_close_is_prompt_on_both_sides_and_no_thread_outlives_it(explorers, model_dir):
     explorer = explorers[0]
     sender = _sender()
@@ -388,6 +394,7 @@ def _nccl_explorer(address: str, model_dir: str, results) -> None:
     receiver.close()
 
 
+@pytest.mark.slow  # explorer processes
 @pytest.mark.gpu
 def test_nccl_push_reaches_an_explorer_on_another_gpu(model_dir):
     if torch.cuda.device_count() < 2:

@@ -158,19 +158,12 @@ def test_process_taskset_round_trips_jsonl_and_parquet(tmp_path):
 # -- scores with the tiny model ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir, one_torch_thread):
-    from trine.models import load_model, load_tokenizer
-
-    return load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
-
-
-def test_nll_difficulty_matches_a_direct_forward(tiny):
+def test_nll_difficulty_matches_a_direct_forward(model, tokenizer, one_torch_thread):
     import torch
 
     from trine.models.chat import encode_prompt
 
-    model, tok = tiny
+    tok = tokenizer
     rows = [
         {"question": "2+3?", "answer": "5"},
         {"question": "hi", "answer": "hello there friend"},
@@ -189,10 +182,10 @@ def test_nll_difficulty_matches_a_direct_forward(tiny):
     assert ordered[0]["difficulty"] <= ordered[1]["difficulty"] and ordered[2] is out[2]
 
 
-def test_pass_rate_samples_k_responses_and_scores_them_with_the_reward(tiny):
+def test_pass_rate_samples_k_responses_and_scores_them_with_the_reward(model, tokenizer, one_torch_thread):
     from trine.models.engine import HFEngine
 
-    model, tok = tiny
+    tok = tokenizer
     engine = HFEngine(model, tok, seed=0)
     requests: list = []
 

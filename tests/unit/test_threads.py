@@ -117,7 +117,13 @@ def test_only_trine_threads_sets_torch_threads_and_every_torch_entry_uses_it():
         str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "set_num_threads(" in p.read_text()
     )
     assert setters == ["threads.py"]
-    for entry in ("rundir.py", "inspect/check.py", "launch/bench.py", "launch/processes.py", "launch/serve.py"):
+    for entry in (
+        "rundir.py",
+        "inspect/check.py",
+        "launch/bench.py",
+        "launch/processes.py",
+        "launch/serve.py",
+    ):
         text = (PACKAGE / entry).read_text()
         assert "use_threads(" in text or "threads_for(" in text, entry
     assert "SHARE_ENV" in (PACKAGE / "distributed" / "actors.py").read_text()  # the node's share, passed down

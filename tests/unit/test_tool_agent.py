@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from trine.models import load_tokenizer
 from trine.types import Completion, SamplingParams, Task
 from trine.workflows import WORKFLOWS, ToolAgentWorkflow
 
@@ -94,11 +93,6 @@ def _run(workflow: ToolAgentWorkflow, model, task: Task):
             await workflow.aclose()
 
     return asyncio.run(go())
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 CALL = '<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call>'

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trine.algorithms import PRESETS
+from trine.config import TrainerConfig
 from trine.models import load_model, load_tokenizer
 from trine.trainer import (
     Trainer,
@@ -69,9 +70,14 @@ def experiences(tiny_model_dir, tokenizer) -> list[Experience]:
 
 
 def _trainer(model_dir, tokenizer, **kwargs) -> Trainer:
-    args = dict(pad_token_id=tokenizer.pad_token_id, lr=1.0, eps=1.0, grad_clip=0.0)
-    args.update(kwargs)
-    return Trainer(load_model(model_dir), PRESETS["grpo"], **args)
+    """A GRPO trainer; ``kwargs``: ``trainer`` config fields (over lr=1, eps=1, no clipping) and plain arguments."""
+    fields = {"lr": 1.0, "eps": 1.0, "grad_clip": 0.0}
+    fields.update({k: v for k, v in kwargs.items() if k in TrainerConfig.model_fields})
+    args = {k: v for k, v in kwargs.items() if k not in TrainerConfig.model_fields}
+    settings = TrainerConfig(**fields)
+    return Trainer(
+        load_model(model_dir), PRESETS["grpo"], settings, pad_token_id=tokenizer.pad_token_id, **args
+    )
 
 
 def _state(model) -> dict[str, torch.Tensor]:
@@ -325,7 +331,7 @@ def test_kl_to_frozen_reference_grows_after_updates_and_pulls_back(tiny_model_di
         model = load_model(tiny_model_dir)
         ref = load_model(tiny_model_dir).requires_grad_(False)
         algo = PRESETS["grpo"].with_overrides(kl_coef=max(coef, 1e-12))
-        trainer = Trainer(model, algo, pad_token_id=0, ref_model=ref, lr=1e-2, grad_clip=0)
+        trainer = Trainer(model, algo, TrainerConfig(lr=1e-2, grad_clip=0), pad_token_id=0, ref_model=ref)
         first = trainer.step(experiences)
         assert first["trainer/kl"] == pytest.approx(0.0, abs=1e-7)
         for _ in range(4):
@@ -359,7 +365,7 @@ def test_kl_as_reward_penalty_with_adaptive_coefficient(tiny_model_dir, experien
     model = load_model(tiny_model_dir)
     ref = load_model(tiny_model_dir).requires_grad_(False)
     algo = PRESETS["grpo"].with_overrides(kl_coef=0.5, kl_mode="reward", kl_target=1e-6, kl_horizon=10.0)
-    trainer = Trainer(model, algo, pad_token_id=0, ref_model=ref, lr=1e-3, grad_clip=0)
+    trainer = Trainer(model, algo, TrainerConfig(lr=1e-3, grad_clip=0), pad_token_id=0, ref_model=ref)
     metrics = trainer.step(experiences)
     assert metrics["trainer/kl_in_reward"] > 0
     assert "trainer/kl" not in metrics  # no KL loss term in reward mode

@@ -12,6 +12,7 @@ import torch
 
 from tests.unit.test_trainer_scale import _exps
 from trine.algorithms import PRESETS
+from trine.config import TrainerConfig
 from trine.models import load_model, load_tokenizer
 from trine.models.export import rollout_state_dict
 from trine.trainer import Trainer
@@ -20,7 +21,7 @@ from trine.types import Experience
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SETTINGS = {"lr": 1e-3, "grad_clip": 1.0, "micro_batch_tokens": 24, "mini_batches": 2, "seed": 3}
+SETTINGS = TrainerConfig(lr=1e-3, grad_clip=1.0, micro_batch_tokens=24, mini_batches=2)
 
 
 def _algorithm(name: str):
@@ -43,7 +44,13 @@ def _batch(model_dir: str, name: str) -> list[Experience]:
 def _steps(model_dir: str, name: str, model, ref) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     tokenizer = load_tokenizer(model_dir)
     trainer = Trainer(
-        model, _algorithm(name), pad_token_id=tokenizer.pad_token_id, ref_model=ref, total_steps=2, **SETTINGS
+        model,
+        _algorithm(name),
+        SETTINGS,
+        pad_token_id=tokenizer.pad_token_id,
+        ref_model=ref,
+        total_steps=2,
+        seed=3,
     )
     metrics = [trainer.step(_batch(model_dir, name)) for _ in range(2)]
     return metrics, {k: v.clone() for k, v in rollout_state_dict(trainer.model).items()}

@@ -12,6 +12,7 @@ import torch
 
 from tests.unit.test_rollout_correction import _exps as shifted_experiences
 from trine.algorithms import PRESETS
+from trine.config import TrainerConfig
 from trine.models import load_model, load_tokenizer
 from trine.models.batching import collate, forward_logprobs
 from trine.models.export import has_lora, plain_copy, rollout_state_dict, save_model
@@ -35,11 +36,9 @@ def _step(model_dir, algo="grpo", policy=None, ref=None, **kwargs) -> tuple[dict
     trainer = Trainer(
         model,
         PRESETS[algo] if isinstance(algo, str) else algo,
+        TrainerConfig(lr=1e-3, grad_clip=0.0, **kwargs),
         pad_token_id=tokenizer.pad_token_id,
-        lr=1e-3,
-        grad_clip=0.0,
         ref_model=ref,
-        **kwargs,
     )
     return trainer.step(_exps(load_model(model_dir), tokenizer)), trainer
 

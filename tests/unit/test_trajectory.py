@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trine.models import load_model, load_tokenizer
 from trine.models.batching import collate, forward_logprobs
 from trine.models.engine import HFEngine
 from trine.types import Completion, SamplingParams
@@ -13,16 +12,6 @@ from trine.workflows.trajectory import STATUSES, ChatDelta, Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 times 34?"}]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return load_model(tiny_model_dir, dtype="float32", device="cpu")
 
 
 def _completion(tokenizer, traj: Trajectory, text: str, eos: bool = True) -> Completion:

@@ -20,15 +20,15 @@ import pytest
 
 from tests.conftest import write_arithmetic_config
 from trine import registry
-from trine.build import section_kwargs
+from trine.build import engine_weights, section_kwargs
 from trine.config import extras as config_extras
 from trine.config import read_yaml, validate_dict
-from trine.config.rollout import VLLMConfig
+from trine.config.engines import RESERVED_ENGINE_ARGS
+from trine.config.rollout import ExplorerConfig, ModelConfig, VLLMConfig
 from trine.models import load_model, load_tokenizer
 from trine.models.vllm_engine import VLLMEngine
 from trine.models.vllm_requests import (
     INSTALL,
-    RESERVED_ENGINE_ARGS,
     completions,
     import_vllm,
     llm_kwargs,
@@ -217,7 +217,8 @@ def test_vllm_weights_are_copied_in_and_sleep_mode_needs_the_sync_loop(
     from trine.config import load_config
 
     vllm = {"model": {"engine": "vllm", "vllm": {"enable_sleep_mode": True}}}
-    assert load_config(write_arithmetic_config(tmp_path, tiny_model_dir, "ok", vllm))[0].sync_method == "copy"
+    (cfg,) = load_config(write_arithmetic_config(tmp_path, tiny_model_dir, "ok", vllm))
+    assert cfg.sync_method == "copy" and engine_weights(cfg) == "copy"  # its table entry says so
 
     def errors(*extra: dict) -> list[str]:
         path = write_arithmetic_config(tmp_path, tiny_model_dir, "c", vllm, *extra)
@@ -231,9 +232,35 @@ def test_vllm_weights_are_copied_in_and_sleep_mode_needs_the_sync_loop(
     assert "sync.sync_interval is 2: set it to 1 or use sleep_level: 1" in level
 
 
-def test_every_vllm_setting_reaches_the_engine():
+def test_each_engine_s_table_entry_says_where_its_weights_live():
+    from trine.models.engine import HFEngine
+    from trine.models.openai_engine import OpenAIEngine
+
+    assert (HFEngine.weights, VLLMEngine.weights, OpenAIEngine.weights) == ("given", "copy", "server")
+    assert not hasattr(HFEngine, "from_config")  # built by the constructor convention (trine.models.protocol)
+
+
+def test_every_vllm_setting_reaches_the_engine(tiny_model_dir):
     assert set(section_kwargs(VLLMConfig(), VLLMEngine)) == set(VLLMConfig.model_fields)
     assert not RESERVED_ENGINE_ARGS & {"sleep_level", "max_num_seqs"}
+
+    class Built(VLLMEngine):  # what from_config passes, without vllm
+        def __init__(self, *args, **kwargs):
+            self.args, self.kwargs = args, kwargs
+
+    vllm = VLLMConfig(gpu_memory_utilization=0.3, enable_sleep_mode=True, engine_args={"max_num_seqs": 4})
+    section = ModelConfig(path=str(tiny_model_dir), engine="vllm", dtype="bfloat16", vllm=vllm)
+    built = Built.from_config(None, "tok", section, ExplorerConfig(max_batch_size=5), 7)
+    assert built.args == (None, "tok") and built.kwargs == {
+        **vllm.model_dump(),
+        "dtype": "bfloat16",  # vllm.dtype auto with no loaded policy to ask: model.dtype
+        "max_batch_size": 5,
+        "seed": 7,
+        "path": str(tiny_model_dir),
+        "trust_remote_code": False,
+    }
+    plain = Built.from_config(None, "tok", section.model_copy(update={"vllm": None}), ExplorerConfig(), 0)
+    assert plain.kwargs["gpu_memory_utilization"] == VLLMConfig().gpu_memory_utilization
 
 
 # ----------------------------------------------------------------- on a GPU with vllm

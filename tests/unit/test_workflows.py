@@ -158,15 +158,6 @@ def test_grid_world_tasks_make_a_taskset_and_the_example_data_loads():
 # ---------------------------------------------------------------------------------- step-wise workflow
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    engine = HFEngine(
-        load_model(tiny_model_dir, dtype="float32", device="cpu"), load_tokenizer(tiny_model_dir), seed=0
-    )
-    yield engine
-    engine.close()
-
-
 class ScriptedModel:
     """A rollout model whose reply is ``policy(observation)`` (tokenized with a real tokenizer)."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+from trine.config.algorithm import AGG_MODES
 
 
 def step_normalizer(masks: list[Tensor], mode: str, *, max_response_length: int | None = None) -> float:

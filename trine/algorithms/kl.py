@@ -6,8 +6,7 @@ import torch
 from torch import Tensor
 
 from trine.algorithms.aggregation import aggregate, masked_mean
-
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "abs", "mse")
+from trine.config.algorithm import KL_ESTIMATORS
 
 
 def kl_penalty(

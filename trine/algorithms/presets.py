@@ -9,11 +9,11 @@ A config picks a preset with ``algorithm.name`` and may override any field; a us
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from trine import registry
 from trine.algorithms.inputs import ADVANTAGE_INPUTS, LOSS_INPUTS, check_args, needed_inputs
+from trine.config.algorithm import AlgorithmRecord
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -30,69 +30,14 @@ EXPLORER_FIELDS = (
 which rows to add); the trainer reads none of them (tests/unit/test_trainer.py checks)."""
 
 
-@dataclass(frozen=True)
-class Algorithm:
-    """An algorithm as data: the *names* of its advantage and loss functions (resolved by
-    :func:`resolve_advantage` / :func:`resolve_loss`), their default arguments, the KL / entropy
-    settings, and what it needs from the rest of the loop. The trainer reads the math settings and
-    imports the fixed helpers (KL, entropy, aggregation, critic loss) from ``trine.algorithms``
-    itself; the explorer side reads :data:`EXPLORER_FIELDS`."""
-
-    name: str
-    """The name configs use (``algorithm.name``)."""
-    loss: str
-    """Key of ``trine.algorithms.LOSSES`` or an import path."""
-    advantage: str | None = None
-    """Key of ``trine.algorithms.ADVANTAGES`` or an import path; None for supervised losses."""
-    advantage_args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the advantage function."""
-    loss_args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the loss function."""
-    loss_agg: str = "token-mean"
-    """Loss aggregation, one of ``AGG_MODES``; normalized over the whole step."""
-    kl_coef: float = 0.0
-    """Coefficient of the KL-to-reference loss term; > 0 loads a frozen reference model."""
-    kl_estimator: str = "k3"
-    """KL estimator, one of ``KL_ESTIMATORS``."""
-    kl_mode: str = "loss"
-    """``loss``: a KL term in the loss; ``reward``: a per-token penalty subtracted from the rewards."""
-    kl_target: float | None = None
-    """Adaptive KL: move the coefficient towards this KL per token (Ziegler et al.); None = fixed."""
-    kl_horizon: float = 10000.0
-    """Adaptive KL horizon (in samples)."""
-    entropy_coef: float = 0.0
-    """Coefficient of an entropy bonus (subtracted from the loss)."""
-    needs_critic: bool = False
-    """Train a critic (value model) beside the policy (PPO)."""
-    critic_args: dict[str, Any] = field(default_factory=dict)
-    """Arguments of the critic's value loss (e.g. ``clip_eps``)."""
-    pairwise: bool = False
-    """The loss reads (chosen, rejected) sequence pairs (DPO) instead of per-token rollouts."""
-    rollout_args: dict[str, Any] = field(default_factory=dict)
-    """Extra workflow arguments the algorithm needs from the explorer (e.g. ReMax's greedy baseline)."""
-    dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards all agree and draw more tasks until the batch is full."""
-    max_extra_draws: int = 4
-    """DAPO dynamic sampling: at most this many extra task draws per batch, then it proceeds smaller."""
-    overlong_buffer: float = 0
-    """DAPO overlong shaping: soft penalty over the last N tokens before max_tokens (0 = off); a value
-    below 1 is a fraction of max_tokens (DAPO: 4096 of 20480 = 0.2)."""
-    overlong_penalty: float = 1.0
-    """DAPO overlong shaping: the penalty reached at max_tokens."""
-    expert_ratio: float = 0.0
-    """MIX: expert (SFT) rows added per rollout row, from ``tasks.expert``."""
-    rollout_is: str = "off"
-    """Rollout correction (:mod:`trine.algorithms.correction`): truncated importance weights
-    between the trainer's recomputed and the engine's logprobs, per ``token`` or ``sequence``; ``off``."""
-    rollout_is_cap: float = 2.0
-    """Rollout correction: the cap C of the truncated importance weights ``min(ρ, C)``."""
-    rollout_mask_threshold: float | None = None
-    """Rollout correction: drop sequences whose geometric-mean ratio ``π_old / π_rollout`` is outside
-    ``[1/M, M]``; None keeps every sequence."""
-    from_rollouts: bool = True
-    """True: trains on explorer rollouts. False: trains from a dataset (``train`` mode)."""
-    paper: str = ""
-    """Where the algorithm comes from (shown in ``docs/algorithms.md``)."""
+class Algorithm(AlgorithmRecord):
+    """An algorithm as data (the fields, their types, defaults and docstrings: :class:`AlgorithmRecord`,
+    declared once in :mod:`trine.config.algorithm`, where the ``algorithm`` config section is derived
+    from them): the *names* of its advantage and loss functions (resolved by :func:`resolve_advantage` /
+    :func:`resolve_loss`), their default arguments, the KL / entropy settings, and what it needs from the
+    rest of the loop. The trainer reads the math settings and imports the fixed helpers (KL, entropy,
+    aggregation, critic loss) from ``trine.algorithms`` itself; the explorer side reads
+    :data:`EXPLORER_FIELDS`."""
 
     @property
     def needs_ref(self) -> bool:
@@ -122,7 +67,7 @@ class Algorithm:
 
     def with_overrides(self, **overrides: Any) -> Algorithm:
         """A copy with the given fields replaced (None values are ignored; dict args are merged)."""
-        names = {f.name for f in fields(self)}
+        names = set(type(self).model_fields)
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise ValueError(f"unknown algorithm field(s) {unknown}; valid fields: {sorted(names)}")
@@ -132,7 +77,7 @@ class Algorithm:
             same = changes.get(fn_key, getattr(self, fn_key)) == getattr(self, fn_key)
             base = getattr(self, args_key) if same else {}
             changes[args_key] = {**base, **changes.get(args_key, {})}
-        return replace(self, **changes)
+        return self.model_copy(update=changes)
 
 
 AdvantageFn = Callable[..., "tuple[Tensor, dict[str, float]]"]

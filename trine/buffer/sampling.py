@@ -2,7 +2,8 @@
 
 :class:`~trine.buffer.memory.MemoryBuffer` (and so :class:`~trine.buffer.files.FileBuffer`) and
 :class:`~trine.buffer.sql.SQLBuffer` take one :class:`SamplingRules` (``rules=``), built from the
-``buffer`` config section by :meth:`SamplingRules.from_section`, and apply it identically. At
+``buffer`` config section by :meth:`SamplingRules.from_section` (its fields are that section's keys,
+declared once by :class:`~trine.config.BufferRules`), and apply it identically. At
 every ``get(n, min_version=..., current_version=...)``, in this order:
 
 1. **Pending timeout** (also at ``metrics()``). With ``pending_timeout`` set, a pending experience
@@ -45,86 +46,38 @@ policy_version`` over the last get's experiences, when it was given ``current_ve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from trine.config import BufferConfig
+from pydantic import ConfigDict, model_validator
+
+from trine.config.learn import BufferRules
 
 T = TypeVar("T")
 
-SAMPLERS = ("fifo", "priority")
-PENDING_ACTIONS = ("drop", "default")
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True)
-class SamplingRules:
+class SamplingRules(BufferRules):
     """The validated sampling rules of a buffer, one typed value that every storage takes.
 
-    The fields are the ``buffer`` config keys of the same names (:class:`~trine.config.BufferConfig`
-    holds their user-facing docs and defaults); the order they apply in is in the module docstring.
+    The fields are declared once, with their ``buffer`` config keys, by :class:`~trine.config.BufferRules`
+    (types, ranges, defaults, docs); this class adds what the storages ask of them. The order they apply
+    in is in the module docstring.
     """
 
-    sampler: str = "fifo"
-    """``"fifo"`` (put order, each experience once) or ``"priority"`` (replay, highest priority first)."""
-    reuse_limit: int = 1
-    """Hand-outs after which an experience is consumed for good (> 1 only with the priority sampler)."""
-    reuse_decay: float = 1.0
-    """Priority sampler: ``priority = policy_version - use_count * reuse_decay``."""
-    cooldown: int = 0
-    """Priority sampler: gets an experience sits out after each hand-out."""
-    max_staleness: int | None = None
-    """Drop experiences more than this many versions behind ``current_version`` (None: keep all)."""
-    pending_timeout: float | None = None
-    """Seconds (by the buffer's clock) a pending experience waits for its reward (None: forever)."""
-    pending_action: str = "drop"
-    """What an expired pending experience becomes: ``"drop"`` (gone) or ``"default"`` (``default_reward``)."""
-    default_reward: float = 0.0
-    """The reward of an expired pending experience with ``pending_action="default"``."""
-    whole_groups: bool = False
-    """Hold back a group while any member is pending, and hand its members out together."""
+    model_config = ConfigDict(frozen=True)
 
-    def __post_init__(self) -> None:
-        problems = self._problems()
-        if problems:
-            raise ValueError(" ".join(problems))
-
-    @classmethod
-    def from_section(cls, section: BufferConfig) -> SamplingRules:
-        """The rules from an object with one attribute per field, by name (the ``buffer`` config
-        section): a field added here is read from the config key of the same name, with no list to update."""
-        return cls(**{f.name: getattr(section, f.name) for f in fields(cls)})
-
-    def _problems(self) -> list[str]:
-        out = []
-        if self.sampler not in SAMPLERS:
-            out.append(f"buffer sampler={self.sampler!r}: expected one of {SAMPLERS}.")
-        if not _is_int(self.reuse_limit) or self.reuse_limit < 1:
-            out.append(f"buffer reuse_limit={self.reuse_limit!r}: expected an integer >= 1 (1 = no replay).")
-        elif self.reuse_limit > 1 and self.sampler != "priority":
-            out.append(
+    @model_validator(mode="after")
+    def _replay_needs_priority(self) -> SamplingRules:
+        if self.reuse_limit > 1 and self.sampler != "priority":
+            raise ValueError(
                 f"buffer reuse_limit={self.reuse_limit} needs sampler='priority' (FIFO hands each "
                 "experience out exactly once); set sampler: priority or reuse_limit: 1."
             )
-        if not isinstance(self.reuse_decay, (int, float)) or self.reuse_decay < 0:
-            out.append(f"buffer reuse_decay={self.reuse_decay!r}: expected a number >= 0.")
-        if not _is_int(self.cooldown) or self.cooldown < 0:
-            out.append(f"buffer cooldown={self.cooldown!r}: expected an integer >= 0 (get calls).")
-        if self.max_staleness is not None and (not _is_int(self.max_staleness) or self.max_staleness < 0):
-            out.append(f"buffer max_staleness={self.max_staleness!r}: expected None or an integer >= 0.")
-        if self.pending_timeout is not None and (
-            not isinstance(self.pending_timeout, (int, float)) or self.pending_timeout <= 0
-        ):
-            out.append(f"buffer pending_timeout={self.pending_timeout!r}: expected None or seconds > 0.")
-        if self.pending_action not in PENDING_ACTIONS:
-            out.append(f"buffer pending_action={self.pending_action!r}: expected one of {PENDING_ACTIONS}.")
-        if not isinstance(self.default_reward, (int, float)):
-            out.append(f"buffer default_reward={self.default_reward!r}: expected a number.")
-        return out
+        return self
+
+    @classmethod
+    def from_section(cls, section: BufferRules) -> SamplingRules:
+        """The rules of the ``buffer`` config section (every :class:`~trine.config.BufferRules` field)."""
+        return cls(**{name: getattr(section, name) for name in BufferRules.model_fields})
 
     @property
     def replay(self) -> bool:

@@ -12,11 +12,13 @@ overrides, every error at once.
 This package imports no stage and no model code: it is the base every part reads.
 """
 
+from trine.config.algorithm import AlgorithmConfig, AlgorithmRecord
 from trine.config.base import Count, NonNeg, NonNegInt, Positive, Section
 from trine.config.cluster import ClusterConfig
+from trine.config.engines import VLLM_ENGINES
 from trine.config.learn import (
-    AlgorithmConfig,
     BufferConfig,
+    BufferRules,
     EvalConfig,
     MonitorConfig,
     SyncConfig,
@@ -24,7 +26,6 @@ from trine.config.learn import (
 )
 from trine.config.overrides import ConfigError, apply_overrides, load_yaml, merge
 from trine.config.rollout import (
-    VLLM_ENGINES,
     AuxiliaryModelConfig,
     ExplorerConfig,
     ModelConfig,
@@ -37,9 +38,10 @@ from trine.config.run import RunConfig, _format, load_config, read_yaml, referen
 from trine.config.serve import ServeConfig
 
 __all__ = [
-    "VLLM_ENGINES", "AlgorithmConfig", "AuxiliaryModelConfig", "BufferConfig", "ClusterConfig", "ConfigError",
-    "Count", "EvalConfig", "ExplorerConfig", "ModelConfig", "MonitorConfig", "NonNeg", "NonNegInt", "Positive",
-    "RunConfig", "SamplingConfig", "Section", "ServeConfig", "SyncConfig", "TasksConfig", "TasksetConfig",
-    "TrainerConfig", "VLLMConfig", "_format", "apply_overrides", "load_config", "load_yaml", "merge",
-    "read_yaml", "reference_markdown", "validate_dict",
+    "VLLM_ENGINES", "AlgorithmConfig", "AlgorithmRecord", "AuxiliaryModelConfig", "BufferConfig",
+    "BufferRules", "ClusterConfig", "ConfigError", "Count", "EvalConfig", "ExplorerConfig", "ModelConfig",
+    "MonitorConfig", "NonNeg", "NonNegInt", "Positive", "RunConfig", "SamplingConfig", "Section",
+    "ServeConfig", "SyncConfig", "TasksConfig", "TasksetConfig", "TrainerConfig", "VLLMConfig", "_format",
+    "apply_overrides", "load_config", "load_yaml", "merge", "read_yaml", "reference_markdown",
+    "validate_dict",
 ]  # fmt: skip

@@ -8,6 +8,8 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from trine import registry
+from trine.config.devices import loaded_dtype
+from trine.config.engines import VLLM_ENGINES, engine_problems
 
 if TYPE_CHECKING:
     from trine.config import RunConfig, TasksConfig
@@ -84,17 +86,13 @@ def trainer_problems(cfg: RunConfig) -> list[str]:
     :mod:`trine.config.extras`)."""
     t, problems = cfg.trainer, []
     if t.precision == "bf16":
-        from trine.models.loading import resolve_device, resolve_dtype
-
-        dtype = str(resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device))).removeprefix("torch.")
+        dtype = loaded_dtype(cfg.model.dtype, cfg.model.device)
         if dtype != "float32":
             problems.append(
                 f"trainer.precision: bf16 keeps float32 master weights under bfloat16 autocast, but model.dtype "
                 f"{cfg.model.dtype!r} loads the weights as {dtype}; set model.dtype: float32 (or precision: fp32 "
                 "to train in the model's own dtype)"
             )
-    from trine.config.rollout import VLLM_ENGINES
-
     if cfg.model.engine in VLLM_ENGINES and cfg.sync.method == "shared":
         problems.append(
             "sync.method 'shared' with model.engine: vllm: the vLLM engine holds its own copy of the weights and "
@@ -150,8 +148,6 @@ def auxiliary_problems(cfg: RunConfig) -> list[str]:
 
 def mode_problems(cfg: RunConfig) -> list[str]:
     """Settings that the run's mode does not read, or cannot honour."""
-    from trine.models.openai_engine import engine_problems
-
     problems = engine_problems(cfg)
     if cfg.trainer.batch_size is not None and cfg.mode != "async":
         problems.append(

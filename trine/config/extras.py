@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
-from trine.config.rollout import VLLM_ENGINES
+from trine.config.engines import VLLM_ENGINES
 
 if TYPE_CHECKING:
     from trine.config import RunConfig

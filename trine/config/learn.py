@@ -1,5 +1,6 @@
-"""Config sections of the learning side: the buffer, the algorithm, the trainer, weight sync, evaluation
-and monitoring (re-exported by :mod:`trine.config`)."""
+"""Config sections of the learning side: the buffer (its sampling rules, :class:`BufferRules`), the trainer,
+weight sync, evaluation and monitoring (re-exported by :mod:`trine.config`; the algorithm's section:
+:mod:`trine.config.algorithm`)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,11 @@ from trine.config.base import (
 )
 
 
-class BufferConfig(Section):
-    storage: str = "memory"
-    """Storage: ``memory``, ``sql`` (SQLAlchemy: SQLite or PostgreSQL), ``file`` (jsonl log) or ``package.module:Class``."""
-    url: str | None = None
-    """Database URL of the ``sql`` storage (default: ``sqlite:///<run_dir>/buffer.db``; PostgreSQL:
-    ``postgresql+psycopg://user:password@host/db``)."""
+class BufferRules(Section):
+    """The ``buffer`` keys that say how a buffer hands experiences to the trainer: every storage takes them
+    as one value, :class:`trine.buffer.sampling.SamplingRules` (this class with the rules' logic), and
+    applies them identically (the order they apply in: :mod:`trine.buffer.sampling`)."""
+
     sampler: Literal["fifo", "priority"] = "fifo"
     """``fifo``: each experience once, oldest first. ``priority``: replay — fresher, less-used first,
     each up to ``reuse_limit`` times, not again for ``cooldown`` gets."""
@@ -48,6 +48,17 @@ class BufferConfig(Section):
     """Reward given to timed-out pending experiences with ``pending_action: default``."""
     whole_groups: bool = False
     """Hand out a group only once every member has its reward (group advantages need them all)."""
+
+
+class BufferConfig(BufferRules):
+    """Experience storage between explorer and trainer: the storage, and the sampling rules of
+    :class:`BufferRules` (declared there, keys of this section like the others)."""
+
+    storage: str = "memory"
+    """Storage: ``memory``, ``sql`` (SQLAlchemy: SQLite or PostgreSQL), ``file`` (jsonl log) or ``package.module:Class``."""
+    url: str | None = None
+    """Database URL of the ``sql`` storage (default: ``sqlite:///<run_dir>/buffer.db``; PostgreSQL:
+    ``postgresql+psycopg://user:password@host/db``)."""
     storage_args: dict[str, Any] = {}
     """Extra keyword arguments of the storage class."""
     operators: list[dict[str, Any]] = []
@@ -94,60 +105,6 @@ class BufferConfig(Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-
-class AlgorithmConfig(Section):
-    name: str = "grpo"
-    """Preset name (``grpo``, ``sft``, ...) or ``package.module:ALGO``; fields below override it."""
-    advantage: str | None = None
-    """Override the advantage function (name or import path)."""
-    loss: str | None = None
-    """Override the policy loss (name or import path)."""
-    advantage_args: dict[str, Any] | None = None
-    """Extra keyword arguments of the advantage function (merged over the preset's)."""
-    loss_args: dict[str, Any] | None = None
-    """Extra keyword arguments of the loss (e.g. clip_low, clip_high; merged over the preset's)."""
-    loss_agg: (
-        Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] | None
-    ) = None
-    """Loss aggregation; normalized over the whole step, not per micro-batch."""
-    kl_coef: NonNeg | None = None
-    """KL-to-reference loss coefficient (> 0 loads a frozen reference model)."""
-    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs", "mse"] | None = None
-    """KL estimator for the KL loss."""
-    kl_mode: Literal["loss", "reward"] | None = None
-    """Where the KL to the reference goes: a loss term, or a per-token penalty inside the reward."""
-    kl_target: Positive | None = None
-    """Adaptive KL coefficient: steer towards this KL per token (None: fixed coefficient)."""
-    kl_horizon: Positive | None = None
-    """Adaptive KL horizon in samples."""
-    entropy_coef: NonNeg | None = None
-    """Entropy bonus coefficient."""
-    critic_args: dict[str, Any] | None = None
-    """Arguments of the critic's value loss (e.g. ``clip_eps``), for algorithms with a critic."""
-    dynamic_sampling: bool | None = None
-    """Drop groups whose rewards all agree and draw more tasks until the batch is full (DAPO)."""
-    max_extra_draws: NonNegInt | None = None
-    """Dynamic sampling: at most this many extra task draws per batch."""
-    overlong_buffer: NonNeg | None = None
-    """Overlong reward shaping over the last N tokens before max_tokens (< 1: a fraction of max_tokens; 0: off)."""
-    overlong_penalty: NonNeg | None = None
-    """Overlong reward shaping: the penalty at max_tokens."""
-    expert_ratio: NonNeg | None = None
-    """MIX: expert rows per rollout row (from ``tasks.expert``)."""
-    rollout_is: Literal["off", "token", "sequence"] | None = None
-    """Rollout correction for an engine whose logprobs differ from the trainer's (vLLM, bf16 kernels):
-    truncated importance weights ``min(π_old / π_rollout, cap)`` per ``token`` or per ``sequence`` (TIS);
-    needs ``trainer.recompute_logprobs: true``. ``trainer/rollout_kl`` reports the mismatch either way."""
-    rollout_is_cap: Positive | None = None
-    """Rollout correction: the cap of the importance weights (default 2)."""
-    rollout_mask_threshold: Annotated[float, Field(gt=1)] | None = None
-    """Rollout correction: drop sequences whose geometric-mean ratio ``π_old / π_rollout`` lies outside
-    ``[1/M, M]`` (masked importance sampling); needs ``trainer.recompute_logprobs: true``."""
-
-    _name = field_validator("name")(lambda v: _check_name("algorithm", v))
-    _adv = field_validator("advantage")(lambda v: _check_name("advantage", v))
-    _loss = field_validator("loss")(lambda v: _check_name("loss", v))
 
 
 class LoraConfig(Section):
@@ -274,7 +231,7 @@ class SyncConfig(Section):
     trainer goes on; the explorer joins again and gets the newest version)."""
     wait_timeout: Positive | None = 600.0
     """Seconds a process waits for the other side (an explorer for the trainer's first weights, the
-    trainer for the first experiences) before it stops with an error; None: forever."""
+    trainer for each batch, also in one process) before it stops with an error; None: forever."""
 
     @model_validator(mode="after")
     def _method_fits(self) -> SyncConfig:

@@ -23,9 +23,7 @@ from trine.config.base import (
     _resolve_path,
 )
 from trine.config.checks import argument_problems, source_problems
-
-VLLM_ENGINES = ("vllm", "trine.models.vllm_engine:VLLMEngine")
-"""The ``model.engine`` values that name :class:`trine.models.vllm_engine.VLLMEngine` (``model.vllm`` applies)."""
+from trine.config.engines import RESERVED_ENGINE_ARGS, VLLM_ENGINES
 
 
 class VLLMConfig(Section):
@@ -60,8 +58,6 @@ class VLLMConfig(Section):
     @field_validator("engine_args")
     @classmethod
     def _own_args(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from trine.models.vllm_requests import RESERVED_ENGINE_ARGS
-
         clash = sorted(RESERVED_ENGINE_ARGS & set(v))
         if clash:
             raise ValueError(

@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from trine import registry
+from trine.config.algorithm import AlgorithmConfig
 from trine.config.base import (  # noqa: F401 - re-exported
     Beta,
     Count,
@@ -50,10 +51,10 @@ from trine.config.base import (  # noqa: F401 - re-exported
 )
 from trine.config.checks import algorithm_problems, auxiliary_problems, mode_problems, trainer_problems
 from trine.config.cluster import ClusterConfig  # noqa: F401
+from trine.config.engines import VLLM_ENGINES
 from trine.config.extras import extras_problems
 from trine.config.format import format_error, section_reference
 from trine.config.learn import (  # noqa: F401
-    AlgorithmConfig,
     BufferConfig,
     EvalConfig,
     MonitorConfig,
@@ -70,7 +71,6 @@ from trine.config.overrides import (  # noqa: F401 - re-exported: trine.config i
 )
 from trine.config.plan import Plan, plan_of
 from trine.config.rollout import (  # noqa: F401
-    VLLM_ENGINES,
     AuxiliaryModelConfig,
     ExplorerConfig,
     ModelConfig,
@@ -136,6 +136,18 @@ class RunConfig(Section):
     stages: list[dict[str, Any]] = []
     """Stages run in order, each a partial config (with a ``stage`` name) merged over the top-level
     settings and starting from the previous stage's weights (e.g. an SFT warm-up then GRPO)."""
+
+    @property
+    def run_path(self) -> Path:
+        """The run directory: ``run_dir``, else ``runs/<name>`` (relative to where trine runs)."""
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+    @property
+    def trainer_batch_rows(self) -> int:
+        """Experiences the trainer takes per step where explorer and trainer run at their own pace (mode
+        async): ``trainer.batch_size``, else one explored batch's worth, ``tasks.batch_size`` ×
+        ``tasks.train.repeat``. (Modes sync and train take one explored batch whole, whatever its size.)"""
+        return self.trainer.batch_size or self.tasks.batch_size * self.tasks.train.repeat
 
     @property
     def processes(self) -> bool:

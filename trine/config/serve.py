@@ -39,7 +39,7 @@ class ServeConfig(Section):
     weights_poll_seconds: Positive = 1.0
     """How often the server looks for newer weights published by ``trine train``."""
     request_timeout: Positive = 600.0
-    """Seconds one request may wait for the engine before it gets 504."""
+    """Seconds one request may wait for the engine (and for a buffer write) before it gets 504."""
 
     @model_validator(mode="after")
     def _limits(self) -> ServeConfig:

@@ -287,9 +287,7 @@ class Driver:
 
 
 def _run_dir(cfg: RunConfig) -> Path:
-    from trine.launch.processes import run_dir_of
-
-    return run_dir_of(cfg).resolve()
+    return cfg.run_path.resolve()
 
 
 def _rank_env(rank: int, ranks: int, leader: dict[str, Any]) -> dict[str, str]:

@@ -52,6 +52,30 @@ class ExpertRows:
         return rows
 
 
+EXPLORING = "exploring"
+PACED = "paced (staleness bound)"
+WEIGHTS = "waiting for weights"
+
+
+@dataclass
+class Activity:
+    """What a streaming explorer is doing now, kept up to date by the stream and read by whoever waits on
+    it (the trainer's ``sync.wait_timeout`` error says it)."""
+
+    state: str = "not started"
+    """``exploring``, ``paced (staleness bound)``, ``waiting for weights`` or ``ended: <why>``."""
+    tasks_in_flight: int = 0
+    """Tasks started and not yet put that hold a place (running, or finished and waiting for their batch)."""
+    tasks_deferred: int = 0
+    """Tasks still running past ``explorer.tail_seconds`` (they hold no place)."""
+
+    def describe(self) -> str:
+        """``4 tasks in flight (1 more past explorer.tail_seconds), the explorer is exploring``."""
+        deferred = f" ({self.tasks_deferred} more past explorer.tail_seconds)" if self.tasks_deferred else ""
+        tasks = "1 task" if self.tasks_in_flight == 1 else f"{self.tasks_in_flight} tasks"
+        return f"{tasks} in flight{deferred}, the explorer is {self.state}"
+
+
 @dataclass
 class ExplorerSide:
     """tasks → explorer → shaping/operators → buffer, one explored batch at a time."""
@@ -79,11 +103,19 @@ class ExplorerSide:
     unfinished: list[Task] = field(default_factory=list)
     """Tasks a streaming explorer had drawn but not put when its state was saved: a resumed stream runs
     them first, so none is lost."""
+    activity: Activity = field(default_factory=Activity)
+    """What the streaming explorer is doing (mode async, ``launch: thread``)."""
     _started: dict[int, Task] = field(default_factory=dict, repr=False)
 
     @property
     def engine(self) -> RolloutModel:
+        """The rollout model the explorer samples with."""
         return self.explorer.model
+
+    def newest_version(self) -> int:
+        """The newest weights version the trainer pushed (the engine's own if none is waiting)."""
+        latest = self.sync.latest()
+        return self.engine.policy_version if latest is None else max(latest, self.engine.policy_version)
 
     def produce(
         self,
@@ -108,17 +140,57 @@ class ExplorerSide:
             batches.append(tasks)
         first = self.batches
         results = self.explorer.explore_batches(batches, first_index=first, version=version)
-        for experiences, _ in results:  # pass rates back to the scheduler (curricula use them)
+        for experiences, _ in results:  # pass rates of every batch first (curricula use them)
             self.scheduler.feedback(*pass_rates(experiences, self.success_threshold))
         for j, (experiences, metrics) in enumerate(results):
-            experiences = self._shape(experiences, metrics, first + j, version)
-            if self.operators is not None:
-                experiences, op_metrics = self.operators(experiences, step=first + j)
-                metrics.update(op_metrics)
-            if self.expert is not None:
-                experiences = experiences + self.expert.rows(len(experiences), version)
-            self._put(experiences, {**metrics, **extra})
+            self.finish_batch(experiences, metrics, first + j, version, extra=extra, feedback=False)
         return len(results)
+
+    def finish_batch(
+        self,
+        experiences: list[Experience],
+        metrics: dict[str, float],
+        index: int,
+        version: int,
+        *,
+        refill: bool = True,
+        extra: dict[str, float] | None = None,
+        feedback: bool = True,
+    ) -> None:
+        """The one produce pipeline, for explored batch ``index`` sampled with weights ``version``:
+        pass rates back to the scheduler (``feedback=False``: the caller gave them already), DAPO shaping
+        (``refill=False``: filter only, a stream refills by itself), the operators, expert rows, then
+        the put, with ``metrics`` and ``extra`` as its report. Call it under :attr:`gate`."""
+        if feedback:
+            self.scheduler.feedback(*pass_rates(experiences, self.success_threshold))
+        experiences = self._shape(experiences, metrics, index, version, refill)
+        if self.operators is not None:
+            experiences, op_metrics = self.operators(experiences, step=index)
+            metrics.update(op_metrics)
+        if self.expert is not None:
+            experiences = experiences + self.expert.rows(len(experiences), version)
+        self._put(experiences, {**metrics, **(extra or {})})
+
+    def take_unfinished(self) -> list[Task]:
+        """The tasks a restored checkpoint had drawn but not put (a resumed stream runs them first),
+        recorded as started again; :attr:`unfinished` is emptied."""
+        with self.gate:
+            tasks, self.unfinished = self.unfinished, []
+            self._started = {id(t): t for t in tasks}
+        return tasks
+
+    def draw(self, n: int) -> list[Task]:
+        """Up to ``n`` tasks from the scheduler, recorded as started: a checkpoint saves them as
+        ``unfinished`` until :meth:`release`. [] when the tasks ran out."""
+        with self.gate:  # a checkpoint sees the cursor and the open tasks together
+            tasks = self.scheduler.next_batch(n)
+            self._started.update((id(t), t) for t in tasks)
+        return tasks
+
+    def release(self, tasks: list[Task]) -> None:
+        """Forget ``tasks`` as started (their batch is being put; call under :attr:`gate`)."""
+        for task in tasks:
+            self._started.pop(id(task), None)
 
     def _put(self, experiences: list[Experience], report: dict[str, float]) -> None:
         """One explored batch into the buffer (the report first: a trainer that sees the batch finds it)."""
@@ -189,6 +261,7 @@ class ExplorerSide:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
         self.scheduler.load_state_dict(state["scheduler"])
         self.batches = int(state["batches"])
         self.reports = deque(state["reports"])

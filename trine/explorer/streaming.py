@@ -15,9 +15,12 @@ The produce strategies (:class:`Produce`, from the ``explorer:`` section):
   token keeps the version it was sampled with (``info["token_versions"]``, ``explorer/partial_samples``).
   Without it, new weights are loaded only between two generations, before new tasks start.
 
-Before starting more tasks it asks ``admit`` whether the trainer will take them within the staleness
-bound (``explorer/paced_seconds``: how long it held back). Tasks drawn but not yet put are kept in the
-side's state, so a checkpoint loses none of them.
+Before it starts a task it asks the pacing rule (:class:`trine.explorer.pacing.Pacing`) whether the
+trainer will take it within the staleness bound (``explorer/paced_seconds``: how long it held back). When
+it is held back with no task holding a place and the trainer cannot fill a batch without the rows it
+has finished, it puts them as a smaller batch rather than hold them. Tasks drawn but not yet put are
+kept in the side's state, so a checkpoint loses none of them; what the stream is doing is in
+``side.activity``.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from trine.explorer.shaping import pass_rates
+from trine.explorer.side import EXPLORING, PACED, WEIGHTS
 from trine.types import Task
 
 if TYPE_CHECKING:
+    from trine.explorer.pacing import Pacing
     from trine.explorer.side import ExplorerSide
 
 
@@ -50,8 +55,9 @@ class Produce:
 
 def stream(
     side: ExplorerSide,
-    newest: Callable[[], int],
-    admit: Callable[[int, int], bool],
+    pacing: Pacing,
+    trainer_at: Callable[[], int],
+    rows_queued: Callable[[], int],
     stop: threading.Event,
     produce: Produce = Produce(),
     on_put: Callable[[], None] | None = None,
@@ -59,103 +65,161 @@ def stream(
     """Explore continuously (mode async): keep ``ceil(batch_size × oversample)`` tasks in flight and
     put a batch as soon as ``batch_size`` of them have finished, in the order they finish — slow
     tasks carry over to a later batch instead of holding this one, each tagged with the weights
-    version it started with. It loads the ``newest()`` weights before it starts more tasks (or at once,
-    with partial rollout), and starts tasks only while ``admit(version, tasks_not_yet_put)`` says the
-    trainer will take them in time (``explorer/paced_seconds``: how long it held back); ``on_put()``
-    runs after each put. Returns why it stopped."""
-    return side.explorer.loop.run_until_complete(_stream(side, newest, admit, stop, produce, on_put))
+    version it started with. It loads the newest weights before it starts more tasks (or at once,
+    with partial rollout), and starts each task only while ``pacing`` admits it, given the trainer's
+    view: ``trainer_at()`` (its version counting a step in flight) and ``rows_queued()`` (rows in the
+    buffer, ready or pending). ``on_put()`` runs after each put. Returns why it stopped."""
+    run = _stream(side, pacing, trainer_at, rows_queued, stop, produce, on_put)
+    return side.explorer.loop.run_until_complete(run)
 
 
 async def _stream(
     side: ExplorerSide,
-    newest: Callable[[], int],
-    admit: Callable[[int, int], bool],
+    pacing: Pacing,
+    trainer_at: Callable[[], int],
+    rows_queued: Callable[[], int],
     stop: threading.Event,
     produce: Produce,
     on_put: Callable[[], None] | None,
 ) -> str:
-    loop = asyncio.get_running_loop()
+    """The loop of :func:`stream` on the explorer's event loop."""
     target = max(side.batch_size, math.ceil(side.batch_size * produce.oversample))
-    drawn: deque[Task] = deque(side.unfinished)  # tasks a checkpoint saw drawn but not put
-    with side.gate:
-        side._started = {id(t): t for t in side.unfinished}
-        side.unfinished = []
-    running: dict[asyncio.Future, int] = {}
-    started: dict[asyncio.Future, float] = {}  # of the tasks still counted in flight (tail batch)
-    finished: list[tuple[Any, int]] = []
+    flight = _Flight(deque(side.take_unfinished()), produce.tail_seconds)  # a checkpoint's drawn tasks first
     exhausted, paced, since, deferred = False, 0.0, time.perf_counter(), 0
+    activity = side.activity
+    activity.state = EXPLORING
     while not stop.is_set():
-        if produce.tail_seconds is not None:
-            late = [f for f, t0 in started.items() if time.perf_counter() - t0 > produce.tail_seconds]
-            for f in late:  # runs on, but no longer holds a place in flight
-                del started[f]
-            deferred += len(late)
-        counted = len(started) if produce.tail_seconds is not None else len(running)
-        waiting = len(running) + len(finished)
-        version = newest()
+        deferred += flight.defer_late()
+        version = side.newest_version()
         if produce.partial_rollout and version != side.engine.policy_version:
-            await loop.run_in_executor(None, side.sync.pull, side.engine, version)  # between two tokens
-        if not exhausted and counted + len(finished) < target:
-            if admit(version, waiting):
+            await _pull(side, version)  # between two tokens
+        flush = False
+        if not exhausted and flight.holding < target:
+            queued = rows_queued()
+            if pacing.admits(version, trainer_at(), queued, flight.holding):
                 if version != side.engine.policy_version:  # between generations (HFEngine.call)
-                    await loop.run_in_executor(None, side.sync.pull, side.engine, version)
-                while counted < target - len(finished):
-                    if not drawn:
-                        with side.gate:  # a checkpoint sees the cursor and the open tasks together
-                            drawn.extend(side.scheduler.next_batch(side.batch_size))
-                            side._started.update((id(t), t) for t in drawn)
-                        if not drawn:
-                            exhausted = True
-                            break
-                    task = drawn.popleft()
-                    future = asyncio.ensure_future(side.explorer.run_one(task))
-                    running[future], started[future] = version, time.perf_counter()
-                    counted += 1
+                    await _pull(side, version)
+                exhausted = flight.start(
+                    side, target, version, partial(_admits, pacing, version, trainer_at, queued)
+                )
+                activity.state = EXPLORING
             else:
                 paced += 0.02
-        if exhausted and not running and not finished:
+                activity.state = PACED
+                # nothing holds a place, and the trainer waits for rows this stream has finished
+                flush = not flight.started and bool(flight.finished) and queued < pacing.batch_rows
+        activity.tasks_in_flight, activity.tasks_deferred = flight.holding, flight.deferred
+        if exhausted and not flight.running and not flight.finished:
             return "its tasks ran out"
-        if running:
-            done, _ = await asyncio.wait(running, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
-            for f in done:
-                started.pop(f, None)
-                finished.append((f.result(), running.pop(f)))
-        else:
-            await asyncio.sleep(0.02)
-        while len(finished) >= side.batch_size or (finished and exhausted and not running):
-            batch, finished = finished[: side.batch_size], finished[side.batch_size :]
+        await flight.wait()
+        while flight.finished and (
+            len(flight.finished) >= side.batch_size or flush or (exhausted and not flight.running)
+        ):
+            batch = flight.take(side.batch_size)
             seconds, since = time.perf_counter() - since, time.perf_counter()
             with side.gate:
                 _put_batch(side, batch, seconds, paced, deferred)
             paced, deferred = 0.0, 0
             if on_put is not None:
                 on_put()
-    for future in running:  # the run ended: tasks still in flight are dropped (a checkpoint kept them)
-        future.cancel()
-    if running:
-        await asyncio.wait(running, timeout=5.0)
+    await flight.cancel()  # the run ended: tasks still in flight are dropped (a checkpoint kept them)
     return "stopped"
+
+
+@dataclass
+class _Flight:
+    """The stream's tasks: drawn and not started, running (each with the version it started with), and
+    finished but not yet put."""
+
+    drawn: deque[Task]
+    tail_seconds: float | None
+    running: dict[asyncio.Future, int] = field(default_factory=dict)
+    started: dict[asyncio.Future, float] = field(default_factory=dict)
+    """Start times of the running tasks that still hold a place (all of them, without a tail batch)."""
+    finished: list[tuple[Any, int]] = field(default_factory=list)
+
+    @property
+    def holding(self) -> int:
+        """Tasks that hold a place: running and not deferred, or finished and not put."""
+        return len(self.started) + len(self.finished)
+
+    @property
+    def deferred(self) -> int:
+        """Running tasks that no longer hold a place (past ``tail_seconds``)."""
+        return len(self.running) - len(self.started)
+
+    def take(self, n: int) -> list[tuple[Any, int]]:
+        """The first ``n`` finished tasks, in the order they finished, as a batch to put."""
+        batch, self.finished = self.finished[:n], self.finished[n:]
+        return batch
+
+    def defer_late(self) -> int:
+        """Tasks running longer than ``tail_seconds`` run on but stop holding a place; how many did now."""
+        if self.tail_seconds is None:
+            return 0
+        now = time.perf_counter()
+        late = [f for f, t0 in self.started.items() if now - t0 > self.tail_seconds]
+        for f in late:
+            del self.started[f]
+        return len(late)
+
+    def start(self, side: ExplorerSide, target: int, version: int, admits: Callable[[int], bool]) -> bool:
+        """Start tasks with weights ``version`` while fewer than ``target`` hold a place and
+        ``admits(tasks_holding_a_place)``; True when the tasks ran out."""
+        while self.holding < target and admits(self.holding):
+            if not self.drawn:
+                self.drawn.extend(side.draw(side.batch_size))
+                if not self.drawn:
+                    return True
+            future = asyncio.ensure_future(side.explorer.run_one(self.drawn.popleft()))
+            self.running[future], self.started[future] = version, time.perf_counter()
+        return False
+
+    async def wait(self) -> None:
+        """Wait a moment for a running task to finish (it joins :attr:`finished`)."""
+        if not self.running:
+            await asyncio.sleep(0.02)
+            return
+        done, _ = await asyncio.wait(self.running, timeout=0.02, return_when=asyncio.FIRST_COMPLETED)
+        for f in done:
+            self.started.pop(f, None)
+            self.finished.append((f.result(), self.running.pop(f)))
+
+    async def cancel(self) -> None:
+        """Cancel the running tasks and give them up to 5 s to end."""
+        for future in self.running:
+            future.cancel()
+        if self.running:
+            await asyncio.wait(self.running, timeout=5.0)
+
+
+def _admits(pacing: Pacing, version: int, trainer_at: Callable[[], int], queued: int, in_flight: int) -> bool:
+    """``pacing.admits`` with the trainer's version read now."""
+    return pacing.admits(version, trainer_at(), queued, in_flight)
+
+
+async def _pull(side: ExplorerSide, version: int) -> None:
+    """Load weights ``version`` into the engine, off the event loop (``waiting for weights`` meanwhile)."""
+    state, side.activity.state = side.activity.state, WEIGHTS
+    await asyncio.get_running_loop().run_in_executor(None, side.sync.pull, side.engine, version)
+    side.activity.state = state
 
 
 def _put_batch(
     side: ExplorerSide, batch: list[tuple[Any, int]], seconds: float, paced: float, deferred: int
 ) -> None:
-    for (task, _, _), _ in batch:
-        side._started.pop(id(task), None)
+    """Finished tasks ``(outcome, version)`` as the side's next batch, through its produce pipeline."""
+    side.release([task for (task, _, _), _ in batch])
     index = side.batches
     versions = [v for _, v in batch]
     experiences, metrics = side.explorer.assemble([d for d, _ in batch], index, versions, seconds)
     partial = sum(1 for e in experiences if e.info.get("version_spread"))
     newest = max([*versions, *(e.policy_version + e.info.get("version_spread", 0) for e in experiences)])
-    side.scheduler.feedback(*pass_rates(experiences, side.success_threshold))
-    experiences = side._shape(experiences, metrics, index, min(versions), refill=False)
-    if side.operators is not None:
-        experiences, op_metrics = side.operators(experiences, step=index)
-        metrics.update(op_metrics)
-    if side.expert is not None:
-        experiences = experiences + side.expert.rows(len(experiences), min(versions))
-    metrics.update({"explorer/paced_seconds": paced, "explorer/version_min": float(min(versions))})
-    metrics["explorer/version_spread"] = float(newest - min(versions))
-    metrics["explorer/partial_samples"] = float(partial)
-    metrics["explorer/tail_deferred"] = float(deferred)
-    side._put(experiences, metrics)
+    extra = {
+        "explorer/paced_seconds": paced,
+        "explorer/version_min": float(min(versions)),
+        "explorer/version_spread": float(newest - min(versions)),
+        "explorer/partial_samples": float(partial),
+        "explorer/tail_deferred": float(deferred),
+    }
+    side.finish_batch(experiences, metrics, index, min(versions), refill=False, extra=extra)

@@ -77,8 +77,7 @@ def run_dir_of(stages: list[RunConfig], run_dir: str | Path | None = None) -> Pa
     """The run directory of ``stages`` (as ``trine run`` picks it), unless ``run_dir`` is given."""
     if run_dir is not None:
         return Path(run_dir)
-    first = stages[0]
-    return Path(first.run_dir) if first.run_dir else Path("runs") / first.name
+    return stages[0].run_path
 
 
 def select_checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:

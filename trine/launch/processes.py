@@ -14,9 +14,12 @@ the weights the trainer publishes into ``<run_dir>/weights`` (``sync.method: pub
 - **launcher** (:func:`launch`): ``trine run`` with ``launch: processes`` starts both and waits, telling
   each how many they are (:data:`trine.threads.SHARE_ENV`: ``num_threads: auto`` shares the free cores).
 
-Either side may start first: an explorer waits for the first published weights, the trainer for the first
-batch, each up to ``sync.wait_timeout``. All processes must agree on the settings they share
-(``shared_config.json``, :func:`check_shared_config`).
+Either side may start first: an explorer waits for the first published weights, the trainer for each
+batch, each up to ``sync.wait_timeout``. Each side also watches the other's status files
+(:mod:`trine.launch.liveness`): an explorer whose trainer died (its pid gone, or no heartbeat for
+``sync.wait_timeout``) and was not restarted within ``sync.wait_timeout`` stops with exit code 1, and so
+does a trainer whose explorers all died; a side restarted within that window is picked up. All processes
+must agree on the settings they share (``shared_config.json``, :func:`check_shared_config`).
 """
 
 from __future__ import annotations
@@ -33,22 +36,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trine.config import VLLM_ENGINES, RunConfig
+from trine.config import RunConfig
+from trine.launch.liveness import PeerGone, TrainerWatch
 
 SHARED_SECTIONS = ("seed", "model", "tasks", "algorithm", "buffer", "sync", "trainer")
 """Config keys every process of a run must agree on (the explorers' batches are the trainer's data)."""
 PER_LAUNCH = ("sync.address",)
 """Shared keys that may change from one launch of a run to the next (a Ray driver picks a new port)."""
 FINAL = ("finished", "failed", "stopped")
+WATCH_SECONDS = 1.0
+"""How often an explorer process looks at the trainer's status file."""
 
 
 class ProcessSetupError(ValueError):
     """A process cannot join the run: wrong mode or buffer, other shared settings, a second trainer."""
-
-
-def run_dir_of(cfg: RunConfig) -> Path:
-    """The run directory ``cfg`` runs in (as :class:`trine.rundir.RunDir` picks it)."""
-    return Path(cfg.run_dir) if cfg.run_dir else Path("runs") / cfg.name
 
 
 def as_process(stages: list[RunConfig], command: str) -> RunConfig:
@@ -79,9 +80,7 @@ def check_shared_config(cfg: RunConfig, run_dir: Path) -> None:
         mine.pop(key, None)
     path = run_dir / "shared_config.json"
     run_dir.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        with open(path, "x", encoding="utf-8") as f:  # exclusive create: the first process wins
-            json.dump(mine, f, indent=1, sort_keys=True)
+    if _create_once(path, json.dumps(mine, indent=1, sort_keys=True)):
         return
     theirs = {k: v for k, v in json.loads(path.read_text()).items() if k not in PER_LAUNCH}
     differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
@@ -94,7 +93,30 @@ def check_shared_config(cfg: RunConfig, run_dir: Path) -> None:
         )
 
 
+def _create_once(path: Path, text: str) -> bool:
+    """Write ``text`` into ``path`` unless it exists (then False): the first of several processes wins,
+    and none reads the file half written (a hard link of a complete file; where the file system has
+    none, an exclusive create)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here
+        try:
+            with open(path, "x", encoding="utf-8") as f:
+                f.write(text)
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink()
+
+
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}`` (an empty dict stays a value)."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict) and value:
@@ -134,7 +156,7 @@ def train(stages: list[RunConfig]) -> dict[str, Any]:
     from trine.trainer.ranks import rank_stages
 
     cfg = rank_stages([as_process(stages, "train")], "trainer")[0]  # under torchrun: this rank's view
-    run_dir = run_dir_of(cfg)
+    run_dir = cfg.run_path
     check_shared_config(cfg, run_dir)
     with trainer_lock(run_dir):
         return run([cfg], part="trainer")
@@ -155,14 +177,15 @@ def explore(
 ) -> str:
     """``trine explore``: explorer process ``index`` of ``count``; returns why it stopped. ``stop``: set by
     whoever drives this explorer to end it (a Ray driver); ``buffer``: where to put batches instead of
-    opening the run's buffer (the Ray buffer writer)."""
+    opening the run's buffer (the Ray buffer writer). Raises :class:`~trine.launch.liveness.PeerGone`
+    when the trainer died and was not restarted within ``sync.wait_timeout``."""
     from trine import build
     from trine.monitor import build_monitor
-    from trine.status import Heartbeat
+    from trine.status import Heartbeat, beat_interval
     from trine.threads import use_threads
 
     cfg = as_process(stages, "explore")
-    run_dir = run_dir_of(cfg)
+    run_dir = cfg.run_path
     check_shared_config(cfg, run_dir)
     if trainer_ended(run_dir, since=0) == "finished":
         return "the trainer already finished this run"
@@ -170,20 +193,25 @@ def explore(
     out.mkdir(parents=True, exist_ok=True)
     threads = use_threads(cfg.num_threads)  # as RunDir.open does for the trainer process
     say = partial(print, flush=True)
-    model, tokenizer = build.load_policy(cfg, weights=cfg.model.engine not in VLLM_ENGINES, say=say)
+    model, tokenizer = build.load_policy(cfg, weights=build.engine_weights(cfg) != "copy", say=say)
     side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count, buffer)
-    heartbeat = Heartbeat(out, side.batches, about={"threads": threads})
+    interval = beat_interval(cfg.sync.wait_timeout)  # the trainer watches it (launch/liveness)
+    heartbeat = Heartbeat(out, side.batches, interval=interval, about={"threads": threads})
     monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=side.batches)
     stop = stop or threading.Event()
-    watcher = threading.Thread(target=_watch, args=(run_dir, started, stop, side.sync), daemon=True)
+    trainer = TrainerWatch(run_dir, cfg.sync.wait_timeout, index, count)
+    watcher = threading.Thread(target=_watch, args=(run_dir, started, stop, side.sync, trainer), daemon=True)
     watcher.start()
     try:
         try:
             side.sync.wait_for_first(cfg.sync.wait_timeout)  # type: ignore[attr-defined]
+            why = _explore_loop(cfg, side, monitor, heartbeat, stop)
         except TimeoutError:
-            if not stop.is_set():  # else: stopped while waiting, the loop below returns at once
+            if not stop.is_set():  # else: weight sync closed as the trainer's run ended, or it was gone
                 raise
-        why = _explore_loop(cfg, side, monitor, heartbeat, stop)
+            why = "the trainer's run ended"
+        if trainer.gone:
+            raise PeerGone(trainer.gone)
     except KeyboardInterrupt:
         heartbeat.end("stopped", reason="interrupted; run again to continue")
         raise
@@ -199,23 +227,25 @@ def explore(
     return why
 
 
-def _watch(run_dir: Path, since: float, stop: threading.Event, sync: Any) -> None:
-    """Set ``stop`` when the trainer's run ends; once stopped, release a wait for weights."""
-    while not stop.wait(1.0):
-        if trainer_ended(run_dir, since):
+def _watch(run_dir: Path, since: float, stop: threading.Event, sync: Any, trainer: TrainerWatch) -> None:
+    """Set ``stop`` when the trainer's run ends (after ``since``), or when it is gone and not back within
+    ``sync.wait_timeout`` (``trainer.gone`` says why); once stopped, release a wait for weights."""
+    while not stop.wait(WATCH_SECONDS):
+        if trainer_ended(run_dir, since) or trainer.check():
             stop.set()
     sync.close()
 
 
 def _explore_loop(cfg: RunConfig, side: Any, monitor: Any, heartbeat: Any, stop: threading.Event) -> str:
-    from trine.modes.asynchronous import pace, queued_steps
+    """Explore whole batches until ``stop`` or the tasks run out, each once the pacing rule admits it."""
+    from trine.explorer.pacing import Pacing, rows_queued
 
-    batch = cfg.trainer.batch_size or cfg.tasks.batch_size * cfg.tasks.train.repeat
-    queued = partial(queued_steps, side.buffer, batch)
+    pacing = Pacing(cfg.buffer.max_staleness, cfg.trainer_batch_rows, cfg.tasks.train.repeat)
+    queued = partial(rows_queued, side.buffer)
     trainer_at = lambda: (side.sync.latest() or 0) + cfg.sync.sync_interval  # noqa: E731 - at most this far
     while not stop.is_set():
         tick = time.perf_counter()
-        version, waited = pace(side, trainer_at, queued, cfg.buffer.max_staleness, stop)
+        version, waited = pacing.wait(side.newest_version, trainer_at, queued, stop)
         if stop.is_set():
             break
         if not side.produce(version, stop=stop, extra={"explorer/paced_seconds": waited}):

@@ -32,7 +32,7 @@ __all__ = ["ReplayError", "replay", "replay_dir"]
 def replay_dir(cfg: RunConfig, source: Path) -> Path:
     """The replay's run directory: ``cfg``'s (``run_dir``, else ``runs/<name>``), or ``<source>-replay``
     when that is the run being replayed (whose directory is never written)."""
-    target = Path(cfg.run_dir) if cfg.run_dir else Path("runs") / cfg.name
+    target = cfg.run_path
     if target.resolve() == source.resolve():
         return source.with_name(f"{source.name}-replay")
     return target

@@ -105,8 +105,9 @@ class WeightsWatcher:
 
 
 def settings_of(cfg: RunConfig, max_context: int | None) -> Any:
-    """The :class:`~trine.serve.schemas.ServeSettings` of ``cfg.serve`` (the token read from its
-    environment variable; the prompt limit defaults to the context length left after ``max_tokens``)."""
+    """The :class:`~trine.serve.schemas.ServeSettings` of ``cfg.serve``: the section's values, with the model
+    name (default: the run's name), the token (read from its environment variable) and the prompt limit
+    (default: the context length left after ``max_tokens``) resolved."""
     from trine.launch.processes import ProcessSetupError
     from trine.serve.schemas import ServeSettings
 
@@ -120,18 +121,8 @@ def settings_of(cfg: RunConfig, max_context: int | None) -> Any:
                 "empty; export the token there (it never goes into a config file), or remove api_key_env."
             )
     prompt = s.max_prompt_tokens or max(1, (max_context or 4096) - s.max_tokens)
-    return ServeSettings(
-        model_name=s.model_name or cfg.name,
-        api_key=api_key,
-        max_concurrent=s.max_concurrent,
-        max_queue=s.max_queue,
-        max_prompt_tokens=prompt,
-        max_tokens=s.max_tokens,
-        max_n=s.max_n,
-        session_timeout=s.session_timeout,
-        default_max_tokens=s.default_max_tokens,
-        request_timeout=s.request_timeout,
-    )
+    resolved = {"model_name": s.model_name or cfg.name, "max_prompt_tokens": prompt, "api_key": api_key}
+    return ServeSettings(**{**s.model_dump(), **resolved})
 
 
 def serve(
@@ -145,7 +136,7 @@ def serve(
     """``trine serve``: serve until interrupted; returns why it stopped. ``ready(url)`` is called once the
     server listens (tests; the CLI prints the URL)."""
     from trine import build
-    from trine.launch.processes import ProcessSetupError, as_process, check_shared_config, run_dir_of
+    from trine.launch.processes import ProcessSetupError, as_process, check_shared_config
     from trine.monitor import build_monitor
     from trine.serve.app import create_app
     from trine.threads import use_threads
@@ -158,7 +149,7 @@ def serve(
             f'trine serve needs fastapi and uvicorn ({err.name} is not installed): pip install -e ".[serve]"'
         ) from None
     cfg = as_process(stages, "serve")
-    run_dir = run_dir_of(cfg)
+    run_dir = cfg.run_path
     check_shared_config(cfg, run_dir)
     use_threads(cfg.num_threads)
     model, tokenizer = build.load_policy(cfg, say=lambda text: print(text, flush=True))

@@ -73,6 +73,9 @@ class HFEngine:
             on the model's device (0: off). Costs per token ``2 * layers * kv_heads * head_dim`` values.
     """
 
+    weights = "given"
+    """Where the weights it samples live (:mod:`trine.models.protocol`): the ``model`` it is built on."""
+
     def __init__(
         self,
         model: Any,

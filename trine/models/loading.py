@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trine.config.devices import auto_dtype, resolve_device
+
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 _ALIASES = {
     "float32": "float32",
@@ -42,19 +44,7 @@ def resolve_dtype(name: Any, device: str | None = None):
     key = _ALIASES.get(str(name).lower().removeprefix("torch."))
     if key is None:
         raise ValueError(f"unknown dtype {name!r}; expected one of {list(DTYPES)} (or fp32/bf16/fp16).")
-    if key == "auto":
-        on_cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
-        return torch.bfloat16 if on_cuda and torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, key)
-
-
-def resolve_device(device: str = "cpu") -> str:
-    """``"auto"`` becomes ``"cuda"`` when a GPU is visible, else ``"cpu"``; anything else is kept."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return getattr(torch, auto_dtype(device) if key == "auto" else key)
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
@@ -87,12 +77,19 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
 
 
 def load_model(
-    path: str | Path, dtype: Any = "float32", device: str = "cpu", trust_remote_code: bool = False
+    path: str | Path,
+    dtype: Any = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    *,
+    adapter_dir: str | None = None,
 ):
     """Load the causal LM saved at ``path`` in ``dtype`` on ``device``, in eval mode.
 
     ``dtype`` is a name accepted by :func:`resolve_dtype`; ``device`` is a torch device string or
     ``"auto"``. Raises ``FileNotFoundError`` (naming the path) when there is no model there.
+    ``adapter_dir``: the LoRA adapter trained on this base (a checkpoint's ``adapter``), kept on the model
+    as ``trine_adapter_dir`` for the trainer to resume (:func:`trine.trainer.policy.prepare_policy`).
     """
     import transformers
     from transformers import AutoModelForCausalLM
@@ -109,7 +106,10 @@ def load_model(
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as err:
         raise FileNotFoundError(_missing_message(path, "model", f"loading failed: {err}")) from err
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if adapter_dir is not None:
+        model.trine_adapter_dir = adapter_dir
+    return model
 
 
 def check_model_files(path: str | Path, tokenizer_path: str | Path | None = None) -> list[str]:

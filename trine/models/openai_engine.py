@@ -20,7 +20,7 @@ logprobs is refused rather than re-tokenized or recomputed: a policy cannot be t
 from text, and the behaviour logprobs are what the loss's importance ratio needs. ``load_weights`` is
 refused too: the server loads its own weights (``trine serve`` loads the versions ``trine train`` publishes
 into the run directory), which is why the engine is for mode async with ``launch: processes``
-(:func:`engine_problems`).
+(:func:`trine.config.engines.engine_problems`).
 
 A server error, a refused connection or a request past ``timeout`` raises :class:`OpenAIEngineError` in the
 workflow that asked, so the explorer counts the task (retried, then skipped) — never a hang. One
@@ -38,7 +38,7 @@ from trine.models.openai_model import OpenAIModel
 from trine.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
-    from trine.config import RunConfig
+    from trine.config import ExplorerConfig, ModelConfig
 
 FIX = (
     "use a server that returns token ids and logprobs: `trine serve` on the run directory, or vLLM >= 0.10.2 "
@@ -81,6 +81,29 @@ class OpenAIEngine(OpenAIModel):
         )
         self.policy_version = 0
         """The newest weights version the server reported (0 until it reports one)."""
+
+    weights = "server"
+    """Where the weights it samples live (:mod:`trine.models.protocol`): on the server, which loads its own
+    (published versions are not loaded into this engine)."""
+
+    @classmethod
+    def from_config(
+        cls, model: Any, tokenizer: Any, section: ModelConfig, explorer: ExplorerConfig, seed: int
+    ) -> OpenAIEngine:
+        """The engine of ``model.engine: openai`` (the ``model`` config section ``section``): the server at
+        ``model.base_url`` serving ``model.served_model``, one request taking up to ``model.timeout``."""
+        assert section.base_url is not None and section.served_model is not None  # checked by ModelConfig
+        timeout = {} if section.timeout is None else {"timeout": section.timeout}
+        return cls(
+            model,
+            tokenizer,
+            base_url=section.base_url,
+            served_model=section.served_model,
+            api_key_env=section.api_key_env,
+            max_batch_size=explorer.max_batch_size,
+            seed=seed,
+            **timeout,
+        )
 
     # ----------------------------------------------------------------- sampling
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
@@ -187,7 +210,7 @@ class OpenAIEngine(OpenAIModel):
 
     # ----------------------------------------------------------------- weights and state
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Refused: the server loads its own weights (see :func:`engine_problems` for the setup)."""
+        """Refused: the server loads its own weights (see :func:`trine.config.engines.engine_problems`)."""
         raise OpenAIEngineError(
             f"model.engine: openai samples {self.base_url}, which loads its own weights; it cannot load version "
             f"{version}. Run mode async with launch: processes and `trine serve` on the run directory (it "
@@ -214,23 +237,3 @@ def _message(err: Any) -> str:
         if isinstance(inner, dict) and inner.get("message"):
             return str(inner["message"])
     return str(getattr(err, "message", err))
-
-
-def engine_problems(cfg: RunConfig) -> list[str]:
-    """Run settings an ``openai`` engine cannot honour: the remote server loads its own weights, so the
-    explorer must never be handed the trainer's weights (mode async in one process: ``copy`` sync; mode
-    sync is refused by ``ModelConfig`` itself) and evaluation during mode train would sample the server,
-    not the weights being trained. Empty for every other engine. For ``trine.config.checks.mode_problems``."""
-    if cfg.model.engine != "openai":
-        return []
-    fix = (
-        "set mode: async with launch: processes and run `trine serve` on the run directory (it loads the "
-        "weights trine train publishes), or use model.engine: hf"
-    )
-    if cfg.mode == "async" and cfg.launch != "processes":
-        return [f"model.engine: openai with mode async and launch: {cfg.launch} would copy the trainer's "
-                f"weights into the engine (sync.method {cfg.sync_method!r}); {fix}"]  # fmt: skip
-    if cfg.mode == "train" and cfg.tasks.eval:
-        return ["model.engine: openai: evaluation in mode train would sample the server, not the weights being "
-                "trained; use model.engine: hf"]  # fmt: skip
-    return []

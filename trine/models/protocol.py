@@ -13,9 +13,22 @@ internals (its torch model, generator or threads).
 - Checkpoints save and restore the sampling stream with ``state_dict()`` / ``load_state_dict()``.
 
 Engines are listed in ``trine.models.ENGINES`` (the registry kind ``engine``); anything else is an import path
-``"package.module:Class"``. An engine class is built as
-``Class(model, tokenizer, max_batch_size=..., seed=...)`` where ``model`` is the loaded policy (an
-engine that serves remote weights may ignore it).
+``"package.module:Class"``. The table entry (the class) is all the wiring (:mod:`trine.build`) reads:
+
+- ``Class.from_config(model, tokenizer, section, explorer, seed)``, if the class has it, builds the engine
+  from the ``model`` config section (:class:`~trine.config.ModelConfig`), the ``explorer`` section and the
+  run's seed (``openai``, ``vllm``). Otherwise the class is built as
+  ``Class(model, tokenizer, max_batch_size=..., seed=...)`` (plus ``partial_rollout=True`` and
+  ``prefix_cache_tokens`` when the config sets them), where ``model`` is the loaded policy (an engine that
+  serves remote weights may ignore it).
+- ``Class.weights`` says where the weights it samples live: ``"given"`` (the default: the ``model`` it is
+  built on, which may be the trainer's own), ``"copy"`` (its own copy, built from ``model.path`` and
+  refreshed by ``load_weights``: no snapshot of the policy is taken for it, and an explorer process loads
+  no policy) or ``"server"`` (a remote server that loads its own: published weights are not loaded in).
+- An engine whose ``enable_sleep_mode`` is true has ``sleep()`` / ``wake_up()`` and sleeps while a trainer
+  on the same GPU steps (:class:`~trine.trainer.side.TrainerSide` ``colocated``).
+
+Config checks of an engine's settings live in :mod:`trine.config` (``trine validate`` imports no engine).
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trine.config.rollout import VLLMConfig
 from trine.models.chat import encode_prompt
 from trine.models.queueing import serve_queue
 from trine.models.vllm_requests import (
@@ -50,6 +51,9 @@ from trine.models.vllm_requests import (
     sampling_kwargs,
 )
 from trine.types import Completion, SamplingParams
+
+if TYPE_CHECKING:
+    from trine.config import ExplorerConfig, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +136,32 @@ class VLLMEngine:
         except BaseException:
             self._executor.shutdown(wait=False)
             raise
+
+    weights = "copy"
+    """Where the weights it samples live (:mod:`trine.models.protocol`): its own copy on the GPU, built from
+    ``model.path``; the trainer's weights are copied in by :meth:`load_weights`."""
+
+    @classmethod
+    def from_config(
+        cls, model: Any, tokenizer: Any, section: ModelConfig, explorer: ExplorerConfig, seed: int
+    ) -> VLLMEngine:
+        """The engine of ``model.engine: vllm`` (the ``model`` config section ``section``): built from
+        ``model.path`` with the ``model.vllm`` settings (their defaults without that section). ``model`` None
+        (an explorer process loads no policy): ``model.vllm.dtype: auto`` is ``model.dtype``."""
+        settings = (section.vllm or VLLMConfig()).model_dump()
+        if (
+            settings["dtype"] == "auto" and model is None and section.dtype != "auto"
+        ):  # no loaded policy to ask
+            settings["dtype"] = section.dtype
+        return cls(
+            model,
+            tokenizer,
+            max_batch_size=explorer.max_batch_size,
+            seed=seed,
+            path=section.path,
+            trust_remote_code=section.trust_remote_code,
+            **settings,
+        )
 
     def _mark_worker(self) -> None:
         self._worker_thread = threading.get_ident()

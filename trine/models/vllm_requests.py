@@ -13,14 +13,10 @@ import inspect
 import os
 from typing import Any
 
+from trine.config.engines import RESERVED_ENGINE_ARGS
 from trine.types import Completion, SamplingParams
 
 INSTALL = 'pip install -e ".[vllm]"'
-RESERVED_ENGINE_ARGS = frozenset(
-    {"model", "tokenizer", "seed", "dtype", "tensor_parallel_size", "logprobs_mode", "trust_remote_code",
-     "gpu_memory_utilization", "max_model_len", "enable_sleep_mode", "enforce_eager", "enable_prefix_caching"}
-)  # fmt: skip
-"""``vllm.LLM`` arguments Trine sets itself (``engine_args`` may not override them)."""
 
 
 def import_vllm() -> Any:

@@ -10,25 +10,26 @@ with: ``explorer/version_spread``).
 
 Staleness: the buffer never hands out an experience more than ``buffer.max_staleness`` versions
 behind the trainer (it drops it, ``buffer/dropped_stale``), and the explorer paces itself so that it
-rarely has to: it starts tasks only when the trainer will train them within ``max_staleness``
-(counting the experiences already waiting and the tasks in flight), and holds back otherwise
-(``explorer/paced_seconds``).
+rarely has to: it starts a task only when the trainer will train it within ``max_staleness``
+(:class:`trine.explorer.pacing.Pacing`: counting the rows already waiting and the tasks in flight), and
+holds back otherwise (``explorer/paced_seconds``).
+
+The trainer never waits silently: without a batch for ``sync.wait_timeout`` seconds it stops with a
+``TimeoutError`` that says what it waits for (rows ready and needed, tasks in flight, the explorer's state).
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 
-from trine.buffer import Buffer, BufferTimeout
+from trine.buffer import BufferTimeout
 from trine.config import RunConfig
-from trine.explorer.side import ExplorerSide
+from trine.explorer.pacing import Pacing, rows_queued
 from trine.explorer.streaming import Produce, stream
 from trine.stage import Stage
-from trine.trainer.side import TrainerSide
 
 POLL_SECONDS = 0.5
 """How long the trainer waits for a batch before it checks whether the explorer ended or failed."""
@@ -36,23 +37,19 @@ POLL_SECONDS = 0.5
 
 def steps(stage: Stage) -> Iterator[dict[str, float]]:
     """One metrics dict per training step: the step's, plus what the explorer did since the last one."""
-    explorer, trainer = stage.explorer, stage.trainer
-    assert explorer is not None
-    limit = stage.cfg.buffer.max_staleness
+    explorer, trainer, cfg = stage.explorer, stage.trainer, stage.cfg
+    assert explorer is not None and trainer.buffer is not None and trainer.batch_size is not None
+    buffer, need = trainer.buffer, trainer.batch_size
+    pacing = Pacing(cfg.buffer.max_staleness, need, cfg.tasks.train.repeat)
     stop, ended, errors = threading.Event(), threading.Event(), []
-    assert trainer.buffer is not None and trainer.batch_size is not None
-    queue = partial(queued_steps, trainer.buffer, trainer.batch_size)
 
     def explore() -> None:
-        def admit(version: int, waiting: int) -> bool:  # waiting: tasks started, not yet put
-            if limit is None:
-                return True
-            ahead = trainer.version + trainer.stepping + queue() + math.ceil(waiting / explorer.batch_size)
-            return ahead - version <= limit
-
         try:
-            stream(explorer, lambda: _newest(explorer), admit, stop, _produce(stage.cfg))
+            trainer_at = lambda: trainer.version + trainer.stepping  # noqa: E731 - the trainer's view
+            why = stream(explorer, pacing, trainer_at, partial(rows_queued, buffer), stop, _produce(cfg))
+            explorer.activity.state = f"ended: {why}"
         except BaseException as err:  # surfaced in the trainer's thread
+            explorer.activity.state = f"ended: failed ({type(err).__name__}: {err})"
             if not stop.is_set():
                 errors.append(err)
         finally:
@@ -61,15 +58,20 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
     thread = threading.Thread(target=explore, name="trine-explorer", daemon=True)
     thread.start()
     try:
+        since = time.monotonic()
         while stage.step < stage.total_steps:
             try:
                 metrics = trainer.consume(timeout=POLL_SECONDS)
             except BufferTimeout:
                 if errors:
                     raise errors[0] from None
-                if ended.is_set() and not _can_step(trainer):
+                if ended.is_set() and buffer.metrics()["buffer/size"] < need:
                     return  # the tasks ran out
+                limit = cfg.sync.wait_timeout
+                if limit is not None and time.monotonic() - since >= limit:
+                    raise TimeoutError(_waiting(stage, time.monotonic() - since)) from None
                 continue
+            since = time.monotonic()
             yield {**explorer.report_all(), **metrics}
     finally:
         stop.set()
@@ -77,65 +79,53 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
         thread.join()
 
 
+def _waiting(stage: Stage, seconds: float) -> str:
+    """What a trainer that waited ``seconds`` without a batch waits for, and how to go on."""
+    explorer, trainer, cfg = stage.explorer, stage.trainer, stage.cfg
+    assert explorer is not None and trainer.buffer is not None
+    m = trainer.buffer.metrics()
+    return (
+        f"the trainer waited {seconds:.1f}s for a batch (sync.wait_timeout={cfg.sync.wait_timeout}): "
+        f"{m['buffer/size']:.0f} of {trainer.batch_size} rows ready ({m['buffer/pending']:.0f} pending a "
+        f"reward), {explorer.activity.describe()}. Look at the workflow (explorer.timeout bounds one task) "
+        "and at buffer.max_staleness / operators that drop rows, or raise sync.wait_timeout (null waits "
+        "for ever)."
+    )
+
+
 def _produce(cfg: RunConfig) -> Produce:
+    """The stream's produce strategies from the ``explorer`` section."""
     e = cfg.explorer
     return Produce(oversample=e.oversample, tail_seconds=e.tail_seconds, partial_rollout=e.partial_rollout)
 
 
-def _newest(explorer: ExplorerSide) -> int:
-    """The newest weights version the trainer pushed (the explorer's own if none is waiting)."""
-    latest = explorer.sync.latest()
-    return explorer.engine.policy_version if latest is None else max(latest, explorer.engine.policy_version)
-
-
 def trainer_steps(stage: Stage) -> Iterator[dict[str, float]]:
     """A trainer process (``trine train``): publish the current weights, then train on what explorer
-    processes put in the shared buffer, waiting up to ``sync.wait_timeout`` for each batch."""
+    processes put in the shared buffer, waiting up to ``sync.wait_timeout`` for each batch. Stops earlier
+    (:class:`~trine.launch.liveness.PeerGone`) once every explorer that wrote a status file is dead,
+    stopped or failed and none came back within ``sync.wait_timeout`` (:mod:`trine.launch.liveness`)."""
+    from trine.launch.liveness import ExplorersWatch, PeerGone
+
     trainer, cfg = stage.trainer, stage.cfg
     assert trainer.sync is not None
     trainer.sync.push(trainer.trainer.model, trainer.version)  # explorers start (again) from these weights
+    limit = cfg.sync.wait_timeout
+    explorers = ExplorersWatch(cfg.run_path, limit)
     waited = 0.0
     while stage.step < stage.total_steps:
         try:
             metrics = trainer.consume(timeout=POLL_SECONDS)
         except BufferTimeout:
             waited += POLL_SECONDS
-            limit = cfg.sync.wait_timeout
+            if gone := explorers.check():
+                raise PeerGone(gone) from None
             if limit is not None and waited >= limit:
+                seen = explorers.summary()
+                seen = f"the explorers: {seen}" if seen else "is `trine explore` running on this run dir?"
                 raise TimeoutError(
-                    f"no batch of {trainer.batch_size} experiences arrived in {limit:.0f}s; is `trine explore` "
-                    "running on this run directory? (sync.wait_timeout sets how long the trainer waits)"
+                    f"no batch of {trainer.batch_size} experiences arrived in {limit:.0f}s; {seen} "
+                    "(sync.wait_timeout sets how long the trainer waits)"
                 ) from None
             continue
         waited = 0.0
         yield metrics
-
-
-def queued_steps(buffer: Buffer, batch_size: int) -> int:
-    """Training steps the experiences already in the buffer (ready or pending) will fill."""
-    m = buffer.metrics()
-    return math.ceil((m["buffer/size"] + m["buffer/pending"]) / batch_size)
-
-
-def _can_step(trainer: TrainerSide) -> bool:
-    assert trainer.buffer is not None and trainer.batch_size
-    return trainer.buffer.metrics()["buffer/size"] >= trainer.batch_size
-
-
-def pace(
-    explorer: ExplorerSide,
-    trainer_at: Callable[[], int],
-    queued: Callable[[], int],
-    limit: int | None,
-    stop: threading.Event,
-) -> tuple[int, float]:
-    """The weights version to explore the next batch with (the newest pushed), once a batch explored
-    now would be trained within ``limit`` versions of it: the trainer will train it at ``trainer_at()``
-    (its version, counting a step in flight) plus ``queued()`` steps already waiting. Returns the
-    version and the seconds waited."""
-    start = time.perf_counter()
-    while True:
-        version = _newest(explorer)
-        if limit is None or stop.is_set() or trainer_at() + queued() - version <= limit:
-            return version, time.perf_counter() - start
-        stop.wait(0.02)

@@ -5,7 +5,7 @@ Request bodies are parsed here, not by FastAPI, so that every refusal has the Op
 expected and the fix: :func:`parse_body` turns raw bytes into one of the request models below or raises
 :class:`ApiError`. The models are strict (no string-to-number coercion, no unknown fields, finite
 numbers only); limits that depend on the server's settings (``n``, ``max_tokens``) are checked by the
-app against :class:`ServeSettings`.
+app against :class:`ServeSettings` (the ``serve`` config section, resolved for one server).
 
 Fields follow the OpenAI API (compare ``openai.types.chat.completion_create_params``); the extensions a
 client sends through ``extra_body`` are ``session_id``, ``task_id``, ``return_token_ids`` (vLLM's name)
@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from trine.config.base import Count
+from trine.config.serve import ServeConfig
 
 MAX_SEED = 2**63 - 1
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -30,51 +32,31 @@ _Prompt = (
 )
 
 
-@dataclass(frozen=True)
-class ServeSettings:
-    """Limits and identity of one server (the lead's ``serve:`` config section fills it)."""
+class ServeSettings(ServeConfig):
+    """Limits and identity of one server: the ``serve`` config section (:class:`~trine.config.ServeConfig`
+    declares every limit once: type, range, default, docs) with the values a running server resolves
+    (:func:`trine.launch.serve.settings_of`) and the few that are no config key."""
+
+    model_config = ConfigDict(frozen=True)
 
     model_name: str = "trine"
-    """The one model name ``/v1/models`` lists and requests must name."""
+    """``serve.model_name`` resolved (``trine serve``: the run's ``name`` when unset): the one model name
+    ``/v1/models`` lists and requests must name."""
+    max_prompt_tokens: Count = 4096
+    """``serve.max_prompt_tokens`` resolved (``trine serve``: the model's context length minus ``max_tokens``
+    when unset): the longest prompt after the chat template (a session: the whole conversation so far)."""
     api_key: str | None = None
-    """Bearer token every ``/v1`` request must send (None: no authentication)."""
-    max_concurrent: int = 64
-    """Requests generating at once (the engine batches them together)."""
-    max_queue: int = 256
-    """Requests that may wait for a generating slot; one more gets 429."""
-    max_prompt_tokens: int = 4096
-    """Longest prompt after the chat template (a session: the whole conversation so far)."""
-    max_tokens: int = 1024
-    """Largest ``max_tokens`` a request may ask for."""
-    max_n: int = 16
-    """Largest ``n`` (choices per request)."""
-    session_timeout: float = 600.0
-    """Seconds a session may stay idle before it is written as it is (pending its reward)."""
-    default_max_tokens: int = 256
-    """``max_tokens`` of a request that does not say."""
-    request_timeout: float = 600.0
-    """Seconds one request may wait for the engine (and for a buffer write) before it gets 504."""
-    max_body_bytes: int = 8 * 1024 * 1024
+    """Bearer token every ``/v1`` request must send (``trine serve``: read from ``serve.api_key_env``; None:
+    no authentication)."""
+    max_body_bytes: Count = 8 * 1024 * 1024
     """Largest request body; a longer one gets 413."""
 
-    def __post_init__(self) -> None:
-        positive = ("max_concurrent", "max_prompt_tokens", "max_tokens", "max_n", "default_max_tokens")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ServeSettings.{name}={value!r}; expected a positive integer.")
-        if not isinstance(self.max_queue, int) or self.max_queue < 0:
-            raise ValueError(f"ServeSettings.max_queue={self.max_queue!r}; expected an integer >= 0.")
-        for name in ("session_timeout", "request_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"ServeSettings.{name}={getattr(self, name)!r}; expected seconds > 0.")
-        if self.default_max_tokens > self.max_tokens:
-            raise ValueError(
-                f"ServeSettings.default_max_tokens={self.default_max_tokens} is above max_tokens="
-                f"{self.max_tokens}; lower it or raise max_tokens."
-            )
-        if self.api_key is not None and not self.api_key:
+    @field_validator("api_key")
+    @classmethod
+    def _token(cls, v: str | None) -> str | None:
+        if v is not None and not v:
             raise ValueError("ServeSettings.api_key is an empty string; give a token or None (no auth).")
+        return v
 
 
 class ApiError(Exception):

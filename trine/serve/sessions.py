@@ -36,6 +36,7 @@ from typing import Any
 
 from trine.blocking import CallTimeout, run_blocking
 from trine.buffer.base import Buffer
+from trine.config.serve import ServeConfig
 from trine.serve.records import (
     ResponseRecord,
     Session,
@@ -63,7 +64,8 @@ class SessionStore:
     Args:
         buffer: where experiences go (any :class:`~trine.buffer.base.Buffer`).
         tokenizer: the rollout model's tokenizer (its chat template renders sessions).
-        session_timeout: idle seconds before an open session is written pending.
+        session_timeout: idle seconds before an open session is written pending (default: the default of
+            ``serve.session_timeout``, :class:`~trine.config.ServeConfig`).
         write_timeout: seconds one buffer write may take before the call fails.
         max_records: closed sessions and responses remembered for late feedback (oldest forgotten first).
         clock: monotonic seconds (inject one in tests).
@@ -74,7 +76,7 @@ class SessionStore:
         buffer: Buffer,
         tokenizer: Any,
         *,
-        session_timeout: float = 600.0,
+        session_timeout: float = ServeConfig.model_fields["session_timeout"].default,
         write_timeout: float = 60.0,
         max_records: int = 100_000,
         clock: Callable[[], float] = time.monotonic,

@@ -109,15 +109,12 @@ def rank_stages(stages: list[Any], part: str) -> list[Any]:
             "they run `trine run` on a supervised config (mode: train) or `trine train` on an async run of "
             f"explorer processes (mode: async, launch: processes), with trainer.fsdp: true: {'; '.join(problems)}"
         )
-    from pathlib import Path
-
     from trine.config import MonitorConfig
 
     _, rank = init_from_env(stages[0].model.device)
     if rank == 0:
         return stages
-    first = stages[0]
-    base = Path(first.run_dir) if first.run_dir else Path("runs") / first.name
+    base = stages[0].run_path
     own = {"run_dir": str(base / "ranks" / str(rank)), "monitor": MonitorConfig(sinks=["jsonl"], plot=False)}
     return [s.model_copy(update=own) for s in stages]
 

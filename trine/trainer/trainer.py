@@ -8,7 +8,9 @@ losses are normalized over the whole optimizer step (so the gradient does not de
 updates the critic when there is one, and returns one flat dict of ``trainer/*`` metrics.
 
 The algorithm is a record (:class:`trine.algorithms.Algorithm`): the names of its advantage and
-loss functions, resolved once when the Trainer is built, and their settings. The fixed math (KL,
+loss functions, resolved once when the Trainer is built, and their settings. The optimizer, schedule,
+micro-batching and precision settings come as the ``trainer`` config section itself
+(:class:`~trine.config.TrainerConfig`), where each is declared once. The fixed math (KL,
 entropy, aggregation, normalizers, GAE returns, the critic's value loss) is imported from
 ``trine.algorithms``, the pure-math library under the trainer. Preference pairs (DPO) take
 :meth:`Trainer._pair_updates`.
@@ -44,6 +46,7 @@ from trine.algorithms import (
     step_normalizer,
     value_loss,
 )
+from trine.config import TrainerConfig
 from trine.models.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches, response_logprobs
 from trine.trainer.inputs import (
     SAMPLE_INPUTS,
@@ -80,32 +83,24 @@ class Trainer:
         self,
         model: Any,
         algorithm: Algorithm,
+        settings: TrainerConfig | None = None,
         *,
         pad_token_id: int,
         ref_model: Any = None,
         critic: Any = None,
-        lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        lr_schedule: str = "constant",
-        warmup_steps: int = 0,
-        min_lr_ratio: float = 0.0,
         total_steps: int | None = None,
-        grad_clip: float = 1.0,
-        micro_batch_tokens: int = 8192,
-        mini_batches: int = 1,
-        update_epochs: int = 1,
-        recompute_logprobs: bool = False,
-        train_statuses: tuple[str, ...] | list[str] = ("ok", "truncated"),
-        fused_adamw: bool = False,
-        entropy_metric: bool = True,
         max_response_length: int | None = None,
         seed: int = 0,
         teacher: Any = None,
-        precision: str = "fp32",
-        packed: bool = False,
+        entropy_metric: bool = True,
     ) -> None:
+        """``settings``: the ``trainer`` config section (None: its defaults); the Trainer reads the optimizer,
+        schedule, micro-batching and precision fields, and :data:`trine.build.ROUTED` names who reads the
+        others. The rest are plain arguments: ``total_steps`` (the LR schedule's length),
+        ``max_response_length`` (``seq-mean-token-sum-norm``'s constant), ``seed`` (mini-batch shuffles),
+        ``teacher`` (distillation), ``entropy_metric`` (report ``trainer/entropy``)."""
+        if settings is None:
+            settings = TrainerConfig()
         self.model = model
         self.algorithm = algorithm
         self.advantage_fn = resolve_advantage(algorithm)
@@ -121,20 +116,18 @@ class Trainer:
         """Frozen teacher model: scores every response into ``info["teacher_logprobs"]`` (distillation)."""
         self.critic = critic
         self.pad_token_id = pad_token_id
-        self.grad_clip = grad_clip
-        self.micro_batch_tokens = micro_batch_tokens
-        self.mini_batches = mini_batches
-        self.update_epochs = update_epochs
-        self.recompute_logprobs = recompute_logprobs
-        self.train_statuses = frozenset(train_statuses)
+        self.grad_clip = settings.grad_clip
+        self.micro_batch_tokens = settings.micro_batch_tokens
+        self.mini_batches = settings.mini_batches
+        self.update_epochs = settings.update_epochs
+        self.recompute_logprobs = settings.recompute_logprobs
+        self.train_statuses = frozenset(settings.train_statuses)
         self.entropy_metric = entropy_metric
         self.max_response_length = max_response_length
         self.device = next(model.parameters()).device
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision {precision!r}: expected 'fp32' or 'bf16'")
-        self.precision = precision
+        self.precision = settings.precision
         """``bf16``: forwards under bfloat16 autocast, float32 weights and loss math (:meth:`autocast`)."""
-        self.packed = packed
+        self.packed = settings.packed
         """Micro-batches run packed, without padding (:func:`trine.models.batching.packed_logits`)."""
         self.world, self.rank = world()
         """Trainer ranks (:mod:`trine.trainer.ranks`): each runs its share of every step's micro-batches."""
@@ -146,18 +139,25 @@ class Trainer:
                     f"critic (the critic is not sharded); got fsdp={sharded}, critic={critic is not None}"
                 )
         params = [p for p in model.parameters() if p.requires_grad]
-        adamw = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        adamw = {
+            "lr": settings.lr,
+            "betas": tuple(settings.betas),
+            "eps": settings.eps,
+            "weight_decay": settings.weight_decay,
+        }
+        fused = {"fused": True} if settings.fused_adamw else {}
         try:
-            self.optimizer = torch.optim.AdamW(params, **adamw, **({"fused": True} if fused_adamw else {}))
+            self.optimizer = torch.optim.AdamW(params, **adamw, **fused)
         except RuntimeError as err:  # no fused kernel for this device/dtype
             raise ValueError(
                 f"trainer.fused_adamw=true, but torch has no fused AdamW for these parameters ({err}); "
                 "set trainer.fused_adamw: false."
             ) from err
-        optimizer_steps = total_steps * mini_batches * update_epochs if total_steps else None
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(lr_schedule, warmup_steps, optimizer_steps, min_lr_ratio)
+        optimizer_steps = total_steps * self.mini_batches * self.update_epochs if total_steps else None
+        schedule = lr_lambda(
+            settings.lr_schedule, settings.warmup_steps, optimizer_steps, settings.min_lr_ratio
         )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.rng = torch.Generator().manual_seed(seed)
         self.version = 0
         self.kl_coef = float(algorithm.kl_coef)
