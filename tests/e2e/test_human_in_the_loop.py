@@ -21,17 +21,20 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from tests.helpers import EXAMPLE, read_metrics, write_config
-from trine.buffer.inspect import read_rows
-from trine.config import load_config
-from trine.feedback.queue import AnnotationQueue, queue_url
-from trine.loop import run
-from trine.models import load_model, load_tokenizer
-from trine.models.batching import response_logprobs
-from trine.studio.server import background
-from trine.studio.settings import StudioSettings
+pytest.importorskip("fastapi", reason="the studio needs fastapi (pip install -e '.[dev]')")
+pytest.importorskip("uvicorn", reason="the studio needs uvicorn (pip install -e '.[dev]')")
+import yaml  # noqa: E402
+
+from tests.helpers import EXAMPLE, read_metrics, write_config  # noqa: E402
+from trine.buffer.inspect import read_rows  # noqa: E402
+from trine.config import load_config  # noqa: E402
+from trine.feedback.queue import AnnotationQueue, queue_url  # noqa: E402
+from trine.loop import run  # noqa: E402
+from trine.models import load_model, load_tokenizer  # noqa: E402
+from trine.models.batching import response_logprobs  # noqa: E402
+from trine.studio.server import background  # noqa: E402
+from trine.studio.settings import StudioSettings  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

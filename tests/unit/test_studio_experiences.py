@@ -15,15 +15,18 @@ import uuid
 
 import httpx
 import pytest
-import torch
 
-from tests.helpers import write_config
-from trine.buffer.files import FileBuffer
-from trine.buffer.sampling import SamplingRules
-from trine.buffer.sql import SQLBuffer
-from trine.studio.server import background
-from trine.studio.settings import StudioSettings
-from trine.types import Experience
+pytest.importorskip("fastapi", reason="the studio needs fastapi (pip install -e '.[dev]')")
+pytest.importorskip("uvicorn", reason="the studio needs uvicorn (pip install -e '.[dev]')")
+import torch  # noqa: E402
+
+from tests.helpers import write_config  # noqa: E402
+from trine.buffer.files import FileBuffer  # noqa: E402
+from trine.buffer.sampling import SamplingRules  # noqa: E402
+from trine.buffer.sql import SQLBuffer  # noqa: E402
+from trine.studio.server import background  # noqa: E402
+from trine.studio.settings import StudioSettings  # noqa: E402
+from trine.types import Experience  # noqa: E402
 
 PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")
 PROMPT = "What is 2+3? "

@@ -16,10 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import EXAMPLE, dead_pid, exp, write_arithmetic_config, write_config
-from trine.studio import run_metrics
-from trine.studio.server import background
-from trine.studio.settings import StudioSettings
+pytest.importorskip("fastapi", reason="the studio needs fastapi (pip install -e '.[dev]')")
+pytest.importorskip("uvicorn", reason="the studio needs uvicorn (pip install -e '.[dev]')")
+
+from tests.helpers import EXAMPLE, dead_pid, exp, write_arithmetic_config, write_config  # noqa: E402
+from trine.studio import run_metrics  # noqa: E402
+from trine.studio.server import background  # noqa: E402
+from trine.studio.settings import StudioSettings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")

@@ -10,11 +10,14 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from typer.testing import CliRunner
 
-from trine.cli import app as cli_app
-from trine.studio.server import background, ensure_token
-from trine.studio.settings import COOKIE, StudioSettings
+pytest.importorskip("fastapi", reason="the studio needs fastapi (pip install -e '.[dev]')")
+pytest.importorskip("uvicorn", reason="the studio needs uvicorn (pip install -e '.[dev]')")
+from typer.testing import CliRunner  # noqa: E402
+
+from trine.cli import app as cli_app  # noqa: E402
+from trine.studio.server import background, ensure_token  # noqa: E402
+from trine.studio.settings import COOKIE, StudioSettings  # noqa: E402
 
 SECRET = "S3CRET-outside-the-runs-dir"
 
