@@ -90,7 +90,7 @@ ROUTED: dict[type[BaseModel], dict[str, str]] = {
 """Fields of a config section that its main object does not read, and who reads them instead: the
 ``trainer`` section's fields that :class:`~trine.trainer.Trainer` (which takes the section) leaves to
 others, the ``tasks.*`` fields that :class:`~trine.tasks.TaskSet` takes no parameter for
-(tests/unit/test_declarations.py keeps the first in step with what the Trainer reads)."""
+(tests/unit/config/test_declarations.py keeps the first in step with what the Trainer reads)."""
 
 
 def section_kwargs(section: BaseModel, target: Callable[..., Any]) -> dict[str, Any]:

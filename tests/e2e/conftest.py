@@ -14,6 +14,15 @@ import pytest
 from tests.helpers import EXAMPLE, read_metrics, write_arithmetic_config, write_config  # noqa: F401
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test here runs the real loop, real processes or a CLI run: all are ``slow`` (DESIGN §6), so
+    ``pytest -m "not slow"`` (the development loop) leaves the whole directory out."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def arithmetic_config(tmp_path, tiny_model_dir):
     """Write an arithmetic config (GRPO by default) with ``overrides`` merged in; returns its path."""

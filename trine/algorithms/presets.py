@@ -27,7 +27,7 @@ EXPLORER_FIELDS = (
     "expert_ratio",
 )
 """The record's fields that the explorer side reads (what to sample, how to shape and refill a batch,
-which rows to add); the trainer reads none of them (tests/unit/test_trainer.py checks)."""
+which rows to add); the trainer reads none of them (tests/unit/trainer/test_trainer.py checks)."""
 
 
 class Algorithm(AlgorithmRecord):

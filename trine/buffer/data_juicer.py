@@ -76,10 +76,17 @@ def load_recipe(process: list[dict[str, Any]] | str | Path) -> list[dict[str, di
 
 @contextlib.contextmanager
 def _quiet(quiet: bool) -> Iterator[None]:
-    """Hide datasets' progress bars and Data-Juicer's log lines inside the block."""
+    """Hide datasets' progress bars and Data-Juicer's log lines inside the block; keep ``os.environ``.
+
+    ``datasets.Dataset.map`` with ``num_proc`` (which Data-Juicer's operators call) replaces ``os.environ``
+    by a copy of itself and leaves it so (datasets 4.x/5.x); everything holding the real mapping (rich's
+    consoles read ``COLUMNS`` from it) would then miss later changes. The real one is put back, updated."""
+    import os
+
     import datasets
     from loguru import logger
 
+    environ = os.environ
     bars_were_off = datasets.utils.are_progress_bars_disabled()
     if quiet:
         datasets.disable_progress_bars()
@@ -87,6 +94,12 @@ def _quiet(quiet: bool) -> Iterator[None]:
     try:
         yield
     finally:
+        if os.environ is not environ:
+            changed = dict(os.environ)
+            os.environ = environ  # noqa: B003 - putting the real mapping back, updated below
+            for key in set(environ) - set(changed):
+                del environ[key]
+            environ.update(changed)
         if quiet:
             logger.enable("data_juicer")
             if not bars_were_off:

@@ -9,7 +9,7 @@ algorithms are instances of it.
 :class:`AlgorithmConfig` is derived from the record: ``name`` (a preset) and one override per record field
 but those in :data:`NOT_OVERRIDABLE`, with the record's type and docstring and the default None (= keep
 the preset's value). A field added to the record is therefore a config key at once, or listed in
-:data:`NOT_OVERRIDABLE` with the reason (tests/unit/test_declarations.py checks that nothing else is
+:data:`NOT_OVERRIDABLE` with the reason (tests/unit/config/test_declarations.py checks that nothing else is
 possible).
 
 The record lives here, not in :mod:`trine.algorithms`, because the config is the base every part reads and

@@ -31,7 +31,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "data": ("data_juicer", "ray", "aiohttp"),
 }
 """The extras of ``pyproject.toml`` (``[project.optional-dependencies]``), as the modules they make
-importable (tests/unit/test_config_extras.py keeps the two in step)."""
+importable (tests/unit/config/test_config_extras.py keeps the two in step)."""
 
 NAMED: dict[tuple[str, str], tuple[str | None, tuple[str, ...]]] = {
     ("engine", "vllm"): ("vllm", ("vllm",)),
