@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# re-exported: tests written before tests/helpers.py import these from here
-from tests.helpers import EXAMPLE, GOOD_ROWS, write_arithmetic_config  # noqa: F401
+from tests.helpers import GOOD_ROWS
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,17 +1,14 @@
-"""Fixtures of the end-to-end tests: an arithmetic config writer, the SFT warm-up checkpoint, and helpers
-to start a ``trine`` child process or crash a run (plain helpers are in :mod:`tests.helpers`)."""
+"""Fixtures of the end-to-end tests: an arithmetic config writer and the SFT warm-up checkpoint, and the
+hook that marks every test here ``slow`` (plain helpers, such as ``trine_process`` and
+``run_crashing_after_step``, are in :mod:`tests.helpers`)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-# EXAMPLE and read_metrics re-exported: tests written before tests/helpers.py import them from here
-from tests.helpers import EXAMPLE, read_metrics, write_arithmetic_config, write_config  # noqa: F401
+from tests.helpers import EXAMPLE, write_arithmetic_config, write_config
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -31,22 +28,6 @@ def arithmetic_config(tmp_path, tiny_model_dir):
         return write_arithmetic_config(tmp_path, tiny_model_dir, name, overrides)
 
     return make
-
-
-def trine_process(*args: str, unbuffered: bool = False) -> subprocess.Popen:
-    """``trine ARGS`` as a child process in its own session (output piped, one torch thread, Ray's local
-    auth off); ``unbuffered`` for tests that time each printed line."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
-    if unbuffered:
-        env["PYTHONUNBUFFERED"] = "1"
-    return subprocess.Popen(
-        [sys.executable, "-m", "trine.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
 
 
 @pytest.fixture(scope="session")
@@ -75,27 +56,3 @@ def sft_start(tmp_path_factory):
     }
     run(load_config(write_config(root / "sft.yaml", cfg)))
     return root / "run" / "checkpoints" / "step_200"
-
-
-class Crash(RuntimeError):
-    """A simulated crash of the trainer."""
-
-
-def run_crashing_after_step(config: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run ``config`` until the trainer has logged ``step``, then crash it (the next step's batch may be
-    explored already, not trained); the run directory is left as a crash leaves it."""
-    import trine.stage
-    from trine.config import load_config
-    from trine.loop import run
-
-    consume = trine.trainer.side.TrainerSide.consume
-
-    def crash_after(side):
-        if side.version == step:
-            raise Crash(f"simulated crash after step {step}")
-        return consume(side)
-
-    monkeypatch.setattr(trine.trainer.side.TrainerSide, "consume", crash_after)
-    with pytest.raises(Crash):
-        run(load_config(config))
-    monkeypatch.undo()

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
-from tests.e2e.conftest import read_metrics
+from tests.helpers import EXAMPLE, read_metrics, write_arithmetic_config
 from trine.config import load_config, validate_dict
 from trine.loop import run
 

@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import trine_process
-from tests.helpers import EXAMPLE, write_arithmetic_config
+from tests.helpers import EXAMPLE, trine_process, write_arithmetic_config
 
 pytestmark = pytest.mark.slow
 

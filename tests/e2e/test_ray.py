@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import trine_process
-from tests.helpers import EXAMPLE, read_metrics
+from tests.helpers import EXAMPLE, read_metrics, trine_process
 
 pytest.importorskip("ray", reason="the Ray tests need ray (the `ray` extra)")
 

@@ -9,8 +9,7 @@ import pytest
 import yaml
 
 import trine.stage
-from tests.helpers import EXAMPLE, read_metrics
-from tests.unit.monitor.test_trackers import wandb_history
+from tests.helpers import EXAMPLE, read_metrics, wandb_history
 from trine.config import load_config
 from trine.explorer.evaluator import Evaluator
 from trine.loop import run

@@ -13,8 +13,7 @@ from collections import Counter
 
 import pytest
 
-from tests.e2e.conftest import run_crashing_after_step
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, run_crashing_after_step
 from trine.buffer.inspect import read_rows
 from trine.config import load_config
 from trine.loop import run

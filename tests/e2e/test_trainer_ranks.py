@@ -10,7 +10,7 @@ import socket
 import pytest
 import torch
 
-from tests.unit.trainer.test_trainer_scale import _exps
+from tests.helpers import shifted_experiences
 from trine.algorithms import PRESETS
 from trine.config import TrainerConfig
 from trine.models import load_model, load_tokenizer
@@ -32,7 +32,9 @@ def _algorithm(name: str):
 
 def _batch(model_dir: str, name: str) -> list[Experience]:
     tokenizer = load_tokenizer(model_dir)
-    rows = _exps(load_model(model_dir), tokenizer) * 3  # 9 rows: an odd number of micro-batches
+    rows = (
+        shifted_experiences(load_model(model_dir), tokenizer, shift=-0.05) * 3
+    )  # 9 rows: an odd number of micro-batches
     exps = [Experience(**{**vars(e), "info": dict(e.info)}) for e in rows]
     if name == "dpo":  # pairs: rows sharing a group, one chosen
         for i, e in enumerate(exps[:8]):

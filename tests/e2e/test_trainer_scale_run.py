@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from tests.e2e.conftest import run_crashing_after_step
-from tests.helpers import read_metrics
+from tests.helpers import read_metrics, run_crashing_after_step
 from trine.config import load_config
 from trine.loop import run
 from trine.models import load_model

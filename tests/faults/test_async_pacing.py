@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_arithmetic_config
-from tests.faults.conftest import read_jsonl
+from tests.helpers import jsonl_rows, write_arithmetic_config
 from trine.config import load_config
 from trine.loop import run
 
@@ -44,7 +43,7 @@ def _config(tmp_path: Path, model_dir: Path, name: str, *overrides: dict) -> Pat
 
 
 def _trained(run_dir: Path) -> list[dict]:
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "trainer/loss" in r]
+    return [r for r in jsonl_rows(run_dir / "metrics.jsonl", missing_ok=True) if "trainer/loss" in r]
 
 
 def _logged_step(run_dir: Path) -> int:

@@ -62,15 +62,14 @@ def write_config(tmp_path: Path, model: Path, name: str, storage: str, table: st
     return write_arithmetic_config(tmp_path, model, name, small)
 
 
-lines = jsonl_rows  # (tests of other files import lines and trine from here)
-
-
 def stable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
 def rollouts(run_dir: Path) -> list[tuple]:
-    return [(r["batch"], r["task_id"], json.dumps(r["responses"])) for r in lines(run_dir / "rollouts.jsonl")]
+    return [
+        (r["batch"], r["task_id"], json.dumps(r["responses"])) for r in jsonl_rows(run_dir / "rollouts.jsonl")
+    ]
 
 
 def buffer_rows(run_dir: Path, storage: str, table: str) -> list[tuple[tuple, str]] | None:
@@ -106,7 +105,7 @@ def kill_at_step(proc: subprocess.Popen, metrics: Path, step: int, limit: float 
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the run ended before step {step}:\n{proc.stdout.read()}"
-        if metrics.is_file() and any(r["step"] >= step for r in lines(metrics)):
+        if metrics.is_file() and any(r["step"] >= step for r in jsonl_rows(metrics)):
             os.killpg(proc.pid, signal.SIGSTOP)
             return
         time.sleep(0.01)
@@ -119,7 +118,7 @@ def test_kill_9_then_resume_leaves_clean_records(storage, tmp_path, tiny_model_d
     tables = {name: f"t_{uuid.uuid4().hex[:10]}" for name in ("full", "killed")}
     full = write_config(tmp_path, tiny_model_dir, "full", storage, tables["full"])
     run(load_config(full))
-    reference = stable(lines(tmp_path / "full" / "metrics.jsonl"))
+    reference = stable(jsonl_rows(tmp_path / "full" / "metrics.jsonl"))
     assert [r["step"] for r in reference] == [1, 2, 3, 4, 5, 6]
 
     killed = write_config(tmp_path, tiny_model_dir, "killed", storage, tables["killed"])
@@ -127,7 +126,7 @@ def test_kill_9_then_resume_leaves_clean_records(storage, tmp_path, tiny_model_d
     target = random.Random(f"kill-{storage}").randint(2, 4)
     proc = trine("run", str(killed))
     kill_at_step(proc, run_dir / "metrics.jsonl", target)
-    last = max(r["step"] for r in lines(run_dir / "metrics.jsonl"))
+    last = max(r["step"] for r in jsonl_rows(run_dir / "metrics.jsonl"))
     status = json.loads((run_dir / "status.json").read_text())
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
@@ -149,11 +148,11 @@ def test_kill_9_then_resume_leaves_clean_records(storage, tmp_path, tiny_model_d
     said = CliRunner().invoke(app, ["status", str(run_dir)])
     assert said.exit_code == 0 and "finished at step 6" in said.output
 
-    rows = stable(lines(run_dir / "metrics.jsonl"))  # a plain reader: each step once
+    rows = stable(jsonl_rows(run_dir / "metrics.jsonl"))  # a plain reader: each step once
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert rows == reference
     assert rollouts(run_dir) == rollouts(tmp_path / "full")  # each batch once, the same samples
-    rewound = lines(run_dir / "metrics.jsonl.rewound") if last > saved else []
+    rewound = jsonl_rows(run_dir / "metrics.jsonl.rewound") if last > saved else []
     assert [r["step"] for r in rewound] == list(range(saved + 1, last + 1))
 
     before, after = (
@@ -172,7 +171,7 @@ def test_kill_9_then_resume_leaves_clean_records(storage, tmp_path, tiny_model_d
     run(load_config(killed))
     assert "already finished: nothing to do" in capsys.readouterr().out
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
-    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in jsonl_rows(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize(
@@ -202,4 +201,4 @@ def test_ctrl_c_or_sigterm_stops_cleanly_and_the_next_run_resumes(
     assert (
         resumed.returncode == 0 and json.loads((run_dir / "status.json").read_text())["state"] == "finished"
     )
-    assert [r["step"] for r in lines(run_dir / "metrics.jsonl")] == list(range(1, 41))
+    assert [r["step"] for r in jsonl_rows(run_dir / "metrics.jsonl")] == list(range(1, 41))

@@ -11,7 +11,6 @@ The bound asserted is ``wait_timeout`` + :data:`SLACK` (a loaded 2-core machine)
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.test_kill_resume import lines, trine
-from tests.helpers import write_arithmetic_config
+from tests.helpers import jsonl_rows, run_status, trine, write_arithmetic_config
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +70,7 @@ def _wait_for_steps(run_dir: Path, procs: list[subprocess.Popen], steps: int, li
 
 def _rows(path: Path) -> list[dict]:
     try:
-        return lines(path)
+        return jsonl_rows(path)
     except (OSError, ValueError):  # not there yet, or a line half written
         return []
 
@@ -99,10 +97,6 @@ def _ends_within(proc: subprocess.Popen, seconds: float, what: str) -> str:
     return out
 
 
-def _status(directory: Path) -> dict:
-    return json.loads((directory / "status.json").read_text())
-
-
 def test_explorers_stop_when_the_trainer_is_killed(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "live"
     trainer, explorers = _start(_config(tmp_path, tiny_model_dir, WAIT))
@@ -116,7 +110,7 @@ def test_explorers_stop_when_the_trainer_is_killed(tmp_path, tiny_model_dir):
             assert proc.returncode not in (0, None), out
             assert f"the trainer (pid {trainer.pid}" in out and "is gone" in out, out
             assert "waited" in out and "trine train" in out and "trine explore" in out, out
-            status = _status(run_dir / "explorers" / str(i))
+            status = run_status(run_dir / "explorers" / str(i))
             assert status["state"] == "failed" and "the trainer" in status["error"], status
     finally:
         _kill_all([trainer, *explorers])
@@ -134,7 +128,7 @@ def test_explorers_go_on_with_a_trainer_restarted_in_time(tmp_path, tiny_model_d
         for i, proc in enumerate(explorers):
             said = _ends_within(proc, 60.0, f"explorer {i} after the run finished")
             assert proc.returncode == 0 and "the trainer's run ended" in said, said
-        assert _status(run_dir)["state"] == "finished"
+        assert run_status(run_dir)["state"] == "finished"
     finally:
         _kill_all([trainer, *explorers])
 
@@ -152,7 +146,7 @@ def test_the_trainer_stops_when_every_explorer_is_killed(tmp_path, tiny_model_di
         for i, proc in enumerate(explorers):
             assert f"explorer {i} (pid {proc.pid}" in out, out
         assert "is gone" in out and "trine explore" in out, out
-        status = _status(run_dir)
+        status = run_status(run_dir)
         assert status["state"] == "failed" and "explorer 0" in status["error"], status
         assert time.monotonic() - killed <= WAIT + SLACK
     finally:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_arithmetic_config
-from tests.faults.test_kill_resume import lines, trine
+from tests.helpers import jsonl_rows, trine, write_arithmetic_config
 from trine.trainer.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -73,7 +72,7 @@ def _freeze_trainer_mid_run(trainer: subprocess.Popen, run_dir: Path, limit: flo
 
 
 def _rows(path: Path) -> list[dict]:
-    return lines(path) if path.is_file() else []
+    return jsonl_rows(path) if path.is_file() else []
 
 
 def test_kill_9_the_trainer_and_an_explorer_then_restart_them(tmp_path, tiny_model_dir):
@@ -94,10 +93,10 @@ def test_kill_9_the_trainer_and_an_explorer_then_restart_them(tmp_path, tiny_mod
     for i, proc in enumerate((first, second)):
         assert "the trainer's run ended" in _finish(proc, f"explorer {i}")
 
-    steps = [r["step"] for r in lines(run_dir / "metrics.jsonl") if "trainer/loss" in r]
+    steps = [r["step"] for r in jsonl_rows(run_dir / "metrics.jsonl") if "trainer/loss" in r]
     assert steps == list(range(1, STEPS + 1))  # each step once: the killed timeline's lines rewound
     assert all(
-        r["buffer/staleness_max"] <= 2 for r in lines(run_dir / "metrics.jsonl") if "trainer/loss" in r
+        r["buffer/staleness_max"] <= 2 for r in jsonl_rows(run_dir / "metrics.jsonl") if "trainer/loss" in r
     )
     db = sqlite3.connect(run_dir / "buffer.db")
     batches = db.execute("SELECT producer, producer_batch, size FROM experiences_batches").fetchall()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import read_jsonl, run_dir_of, status, step_metrics, trine_run
+from tests.helpers import jsonl_rows, run_dir_of, run_status, step_metrics, trine_run
 from trine import registry
 from trine.config import load_config
 from trine.loop import run
@@ -155,10 +155,10 @@ def test_every_kind_of_fault_costs_only_its_own_task(fault_config, plugin):
     run(load_config(config))
     elapsed = time.monotonic() - start
     run_dir = run_dir_of(config)
-    assert status(run_dir)["state"] == "finished"
+    assert run_status(run_dir)["state"] == "finished"
     assert elapsed < 60  # three 1 s task timeouts, nothing waits for a hang
 
-    rows = read_jsonl(run_dir / "rollouts.jsonl")
+    rows = jsonl_rows(run_dir / "rollouts.jsonl", missing_ok=True)
     assert len(rows) == 24
     assert {kind_of(r["task_id"]) for r in rows} >= {"ok", "raise", "loop_hang"}
     for r in rows:
@@ -197,7 +197,7 @@ def test_rewards_hanging_in_more_threads_than_the_pool_has_do_not_starve_later_s
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert seconds < 120  # before: the process never exited (6 stuck non-daemon pool threads)
     run_dir = run_dir_of(config)
-    assert status(run_dir)["state"] == "finished"
+    assert run_status(run_dir)["state"] == "finished"
     first, second = step_metrics(run_dir)
     assert first["explorer/reward_timeouts"] == 6.0
     assert first["explorer/status_reward_error"] == 6.0  # their answers are kept, marked, not trained
@@ -230,6 +230,6 @@ def test_a_run_where_every_task_fails_stops_with_the_reasons_and_exits_nonzero(f
     assert "error: 8 (e.g. task train/" in proc.stderr and "RuntimeError: injected fault" in proc.stderr
     assert "would keep the process alive: plugin-stuck-thread" in proc.stderr
     run_dir = run_dir_of(config)
-    record = status(run_dir)
+    record = run_status(run_dir)
     assert record["state"] == "failed" and "explorer.max_skip_ratio=0.5" in record["error"]
     assert step_metrics(run_dir) == []  # not a single step was trained

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import shifted_experiences
 from trine.algorithms import PRESETS, correction_metrics, rollout_correction
 from trine.config import TrainerConfig, validate_dict
 from trine.models import load_model, load_tokenizer
@@ -90,29 +91,9 @@ def test_rollout_correction_by_hand():
     assert math.isclose(metrics["rollout_kl"], k3 / 5, rel_tol=1e-5) and metrics["rollout_masked_frac"] == 0.5
 
 
-def _exps(model, tokenizer, shift: float) -> list[Experience]:
-    """Experiences whose engine logprobs are the model's own minus ``shift`` (a rollout engine that
-    under-reports every token's probability by e^shift)."""
-    out = []
-    for q, a, r in [("2+3?", "5 is it", 1.0), ("Hi", "hello there", 0.0), ("x", "yes no", 0.5)]:
-        prompt, response = tokenizer(q)["input_ids"], tokenizer(a)["input_ids"]
-        e = Experience(
-            tokens=prompt + response,
-            prompt_length=len(prompt),
-            action_mask=[1] * len(response),
-            reward=r,
-            group_id="g",
-        )
-        with torch.no_grad():
-            lp, _ = forward_logprobs(model, collate([e], [0], tokenizer.pad_token_id, "cpu"))
-        e.logprobs = (lp[0] - shift).tolist()
-        out.append(e)
-    return out
-
-
 def _step(tiny_model_dir, tokenizer, shift: float, **algo) -> dict[str, float]:
     model = load_model(tiny_model_dir)
-    exps = _exps(model, tokenizer, shift)
+    exps = shifted_experiences(model, tokenizer, shift)
     trainer = Trainer(
         model,
         PRESETS["grpo"].with_overrides(**algo),

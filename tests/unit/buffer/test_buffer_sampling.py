@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import exp, ids
 from trine.buffer import BufferTimeout, FileBuffer, MemoryBuffer, SQLBuffer
 from trine.buffer.sampling import SamplingRules, arrange
-from trine.types import Experience
 
 PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")
 KINDS = [
@@ -33,24 +33,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def exp(i: int, *, version: int = 0, reward: float | None = 1.0, group: str = "") -> Experience:
-    return Experience(
-        tokens=[1, 2, 3],
-        prompt_length=1,
-        action_mask=[1, 1],
-        reward=reward,
-        task_id=f"t{i}",
-        run_id=f"r{i}",
-        group_id=group,
-        policy_version=version,
-        info={"i": i},
-    )
-
-
-def ids(exps: list[Experience]) -> list[int]:
-    return [e.info["i"] for e in exps]
 
 
 def storage_options(clock: Any = None, **rules: Any) -> dict[str, Any]:
@@ -248,7 +230,7 @@ def test_pending_timeout_drops_late_rewards(make):
 def test_pending_timeout_default_reward_makes_them_trainable(make):
     clock = FakeClock()
     buf = make(pending_timeout=10.0, pending_action="default", default_reward=-1.0, clock=clock)
-    buf.put([exp(0, reward=None), exp(1, reward=None), exp(2, reward=0.5)])
+    buf.put([exp(0, reward=None), exp(1, reward=None, run_id="r1"), exp(2, reward=0.5)])
     assert buf.set_rewards({("t1", "r1"): 2.0}) == 1
     clock.now = 11.0
     got = buf.get(3, timeout=0)
@@ -276,8 +258,10 @@ def test_sql_expired_rows_are_marked(tmp_path, request):
 
 def test_whole_groups_wait_for_pending_members_and_stay_together(make):
     buf = make(whole_groups=True)
-    a1 = exp(1, reward=None, group="A")
-    buf.put([exp(0, group="A"), a1, exp(2, group="A"), exp(3, group="B"), exp(4), exp(5, group="B")])
+    a1 = exp(1, reward=None, group_id="A")
+    buf.put(
+        [exp(0, group_id="A"), a1, exp(2, group_id="A"), exp(3, group_id="B"), exp(4), exp(5, group_id="B")]
+    )
     with pytest.raises(
         BufferTimeout, match="only 3 of 4 .*1 pending a reward, 2 waiting for a cooldown or their group"
     ):
@@ -286,7 +270,7 @@ def test_whole_groups_wait_for_pending_members_and_stay_together(make):
     assert buf.set_rewards({a1.id: 0.0}) == 1
     assert ids(buf.get(3, timeout=0)) == [0, 1, 2]
     # only a batch boundary splits a group; the rest keeps its place (by its first member)
-    buf.put([exp(6, group="C"), exp(7, group="D"), exp(8, group="C"), exp(9, group="C")])
+    buf.put([exp(6, group_id="C"), exp(7, group_id="D"), exp(8, group_id="C"), exp(9, group_id="C")])
     assert ids(buf.get(2, timeout=0)) == [6, 8]
     assert ids(buf.get(2, timeout=0)) == [7, 9]
 
@@ -294,8 +278,10 @@ def test_whole_groups_wait_for_pending_members_and_stay_together(make):
 def test_whole_groups_with_priority_and_expired_members(make):
     clock = FakeClock()
     buf = make(whole_groups=True, sampler="priority", pending_timeout=5.0, clock=clock)
-    buf.put([exp(0, group="A", version=0), exp(1, group="A", version=0, reward=None)])
-    buf.put([exp(2, group="B", version=1), exp(3, group="C", version=2), exp(4, group="B", version=0)])
+    buf.put([exp(0, group_id="A", version=0), exp(1, group_id="A", version=0, reward=None)])
+    buf.put(
+        [exp(2, group_id="B", version=1), exp(3, group_id="C", version=2), exp(4, group_id="B", version=0)]
+    )
     # C (priority 2) first, then B (its best member has 1); A waits for its pending member
     assert ids(buf.get(3, timeout=0)) == [3, 2, 4]
     with pytest.raises(BufferTimeout):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import EXAMPLE, write_arithmetic_config
+from tests.helpers import EXAMPLE, write_arithmetic_config
 from trine import registry
 from trine.cli import app
 from trine.config import extras as config_extras

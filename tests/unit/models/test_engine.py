@@ -7,17 +7,12 @@ import asyncio
 import pytest
 import torch
 
+from tests.helpers import assert_greedy_matches_hf_generate, prompts
 from trine.models.batching import collate, forward_logprobs
 from trine.models.engine import HFEngine
 from trine.types import Experience, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-QUESTIONS = ["hi", "What is 2+3? Tell me now, please.", "Once upon a time", "def f(x):"]
-
-
-def prompts(tokenizer) -> list[list[int]]:
-    return [tokenizer(q)["input_ids"] for q in QUESTIONS]
 
 
 def test_engine_logprobs_match_the_trainers_recomputation(engine, model, tokenizer):
@@ -49,27 +44,6 @@ def test_engine_logprobs_match_the_trainers_recomputation(engine, model, tokeniz
     mask = batch.action_mask.bool()
     assert int(mask.sum()) == sum(e.response_length for e in experiences)
     torch.testing.assert_close(logprobs[mask], batch.old_logprobs[mask], atol=1e-5, rtol=0)
-
-
-def assert_greedy_matches_hf_generate(
-    engine, model, tokenizer, prompt: list[int], max_tokens: int = 12
-) -> None:
-    """The engine's greedy completion of ``prompt`` is HF ``generate``'s (on the model's device)."""
-    (completion,) = engine.generate_batch([(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens))])[
-        0
-    ]
-    with torch.no_grad():
-        hf = model.generate(
-            torch.tensor([prompt], device=model.device),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
-            do_sample=False,
-            max_new_tokens=max_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    expected = hf[0, len(prompt) :].tolist()
-    if tokenizer.eos_token_id in expected:
-        expected = expected[: expected.index(tokenizer.eos_token_id) + 1]
-    assert completion.response_ids == expected
 
 
 def test_greedy_equals_hf_generate(engine, model, tokenizer):

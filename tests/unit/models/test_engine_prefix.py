@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from tests.helpers import QUESTIONS, prompts
 from trine.models.batching import collate, forward_logprobs
 from trine.models.engine import HFEngine
 from trine.models.prefix_cache import PrefixCache
@@ -15,12 +16,7 @@ from trine.workflows.trajectory import Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-QUESTIONS = ["hi", "What is 2+3? Tell me now, please.", "Once upon a time", "def f(x):"]
 OBSERVATION = [{"role": "user", "content": "Higher. Guess again."}]
-
-
-def prompts(tokenizer) -> list[list[int]]:
-    return [tokenizer(q)["input_ids"] for q in QUESTIONS]
 
 
 def assert_logprobs_match_recomputation(model, tokenizer, completions: list[Completion]) -> None:

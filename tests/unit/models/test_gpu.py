@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.models.test_engine import assert_greedy_matches_hf_generate, prompts
+from tests.helpers import assert_greedy_matches_hf_generate, prompts
 from trine.algorithms import PRESETS
 from trine.config import TrainerConfig
 from trine.models import load_model

@@ -1,5 +1,5 @@
 """``model.engine: openai`` over real HTTP: :class:`OpenAIEngine` against the real ``trine serve`` app (uvicorn in
-a thread, the real HFEngine on the tiny model; helpers imported from ``test_serve``), an explorer run on
+a thread, the real HFEngine on the tiny model; ``serving`` from tests/helpers.py), an explorer run on
 arithmetic tasks through it, a text-only server standing in for a hosted API, a dead and a hanging server,
 and the config checks."""
 
@@ -18,9 +18,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="the test servers need uvicorn (
 
 import torch  # noqa: E402
 
-from tests.conftest import write_arithmetic_config  # noqa: E402
-from tests.unit.serve import test_serve  # noqa: E402
-from tests.unit.serve.test_serve import MODEL, serving  # noqa: E402
+from tests.helpers import SERVE_MODEL, serving, write_arithmetic_config  # noqa: E402
 from trine import build  # noqa: E402
 from trine.buffer import MemoryBuffer  # noqa: E402
 from trine.config import load_config, validate_dict  # noqa: E402
@@ -32,7 +30,6 @@ from trine.models.openai_engine import OpenAIEngine, OpenAIEngineError  # noqa: 
 from trine.types import SamplingParams, Task  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-engine, tokenizer = test_serve.engine, test_serve.tokenizer  # its module fixtures: the tiny HFEngine
 
 
 class Recording(MemoryBuffer):
@@ -54,7 +51,7 @@ def server(engine):
 
 
 def remote(url: str, tokenizer, **kwargs) -> OpenAIEngine:
-    return OpenAIEngine(None, tokenizer, base_url=f"{url}/v1", served_model=MODEL, **kwargs)
+    return OpenAIEngine(None, tokenizer, base_url=f"{url}/v1", served_model=SERVE_MODEL, **kwargs)
 
 
 def local_logprobs(model, prompt: list[int], response: list[int], temperature: float) -> list[float]:

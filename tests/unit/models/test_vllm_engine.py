@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.conftest import write_arithmetic_config
+from tests.helpers import write_arithmetic_config
 from trine import registry
 from trine.build import engine_weights, section_kwargs
 from trine.config import extras as config_extras
@@ -38,11 +38,6 @@ from trine.models.vllm_requests import (
 from trine.types import SamplingParams
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 # ----------------------------------------------------------------- without vllm

@@ -5,12 +5,12 @@ store (read back with ``MlflowClient``): metrics, tables of eval samples, and re
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import wandb_history
 from trine.monitor import SINKS, Monitor
 from trine.monitor.sinks import _require
 
@@ -33,19 +33,6 @@ def offline_wandb(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     yield root / "wandb"
     wandb.teardown()  # wandb reads its settings (WANDB_DIR...) once per process: start over next time
-
-
-def wandb_history(run_dir: Path) -> list[dict]:
-    """The history records of one offline run directory, as W&B's own inspector prints them."""
-    out = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return [r["history"]["item"] for r in records if r.get("type") == "history"]
 
 
 def test_wandb_offline_metrics_tables_and_resume(offline_wandb, tmp_path):

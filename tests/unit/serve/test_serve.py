@@ -5,12 +5,9 @@ MemoryBuffer (one test: the SQL buffer on a SQLite file)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,19 +17,15 @@ pytest.importorskip("uvicorn", reason="trine serve needs uvicorn (pip install 't
 openai = pytest.importorskip("openai", reason="the tests speak to the server with the openai client")
 httpx = pytest.importorskip("httpx")
 
+from tests.helpers import GOOD_CHAT, SERVE_MODEL, serving  # noqa: E402
 from trine.buffer import BufferTimeout, MemoryBuffer, SQLBuffer  # noqa: E402
-from trine.models import load_model, load_tokenizer  # noqa: E402
 from trine.models.engine import HFEngine  # noqa: E402
-from trine.serve import ServeSettings, SessionStore, create_app  # noqa: E402
+from trine.serve import ServeSettings  # noqa: E402
 from trine.tools import format_tool_call  # noqa: E402
 from trine.types import Completion, SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-MODEL = "tiny"
-SETTINGS = ServeSettings(
-    model_name=MODEL, max_tokens=16, default_max_tokens=6, max_prompt_tokens=300, max_n=4, session_timeout=60
-)
 ADD = {
     "type": "function",
     "function": {
@@ -44,57 +37,6 @@ ADD = {
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-@dataclass
-class Served:
-    """A running server: base URL, its recorder, buffer and ``OpenAIServer``."""
-
-    url: str
-    store: SessionStore
-    server: Any
-
-    @property
-    def buffer(self) -> Any:
-        return self.store.buffer
-
-    def client(self, api_key: str = "unused") -> Any:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=20)
-
-    def post(self, path: str, body: Any = None, **kwargs: Any) -> Any:
-        return httpx.post(f"{self.url}{path}", json=body, timeout=20, **kwargs)
-
-
-@contextlib.contextmanager
-def serving(
-    engine: Any,
-    buffer: Any,
-    settings: ServeSettings = SETTINGS,
-    write_timeout: float = 10.0,
-    extend: Callable[[Any], None] | None = None,
-) -> Iterator[Served]:
-    """Run ``create_app`` under uvicorn on 127.0.0.1 (a free port) in a thread until the block ends
-    (``extend(app)`` may add routes first)."""
-    import uvicorn
-
-    timeout = settings.session_timeout
-    store = SessionStore(buffer, engine.tokenizer, session_timeout=timeout, write_timeout=write_timeout)
-    app = create_app(engine, store, settings)
-    if extend is not None:
-        extend(app)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
-    thread = threading.Thread(target=server.run, name="trine-serve-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield Served(f"http://127.0.0.1:{port}", store, app.state.server)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
 class Scripted:
     """An engine stand-in over the real tokenizer for what a random tiny model never does (call a tool,
     be slow, hang): its reply is ``policy(prompt text)`` + ``<|im_end|>``, logprob -0.5 per token, after
@@ -156,14 +98,11 @@ def as_dict(message: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tokenizer):
-    engine = HFEngine(load_model(tiny_model_dir, dtype="float32", device="cpu"), tokenizer, seed=0)
+@pytest.fixture
+def fresh_engine(model, tokenizer):
+    """A new ``HFEngine`` (seed 0, policy version 0) over the module's model, for a test that changes the
+    engine's version: the module's ``engine`` (tests/conftest.py) keeps serving version 0."""
+    engine = HFEngine(model, tokenizer, seed=0)
     yield engine
     engine.close()
 
@@ -185,7 +124,7 @@ def served(module_server):
 
 # ---------------------------------------------------------------------------------------------- good paths
 def test_models_and_health_name_the_model_and_policy_version(served, engine):
-    assert [m.id for m in served.client().models.list().data] == [MODEL]
+    assert [m.id for m in served.client().models.list().data] == [SERVE_MODEL]
     health = httpx.get(f"{served.url}/health").json()
     assert health["status"] == "ok" and health["policy_version"] == engine.policy_version == 0
 
@@ -193,7 +132,7 @@ def test_models_and_health_name_the_model_and_policy_version(served, engine):
 def test_a_call_is_recorded_token_in_token_out_and_rewarded_once(served, tokenizer):
     client = served.client()
     resp = client.chat.completions.create(
-        model=MODEL,
+        model=SERVE_MODEL,
         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}],
         n=2,
         max_tokens=5,
@@ -234,7 +173,7 @@ def test_a_call_is_recorded_token_in_token_out_and_rewarded_once(served, tokeniz
 def test_each_choice_gets_its_own_reward_once(served):
     """A group of answers (``n`` > 1) graded one by one, as GRPO needs: ``choice`` names the answer."""
     resp = served.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "1+1="}], n=3, max_tokens=3, temperature=1.0
+        model=SERVE_MODEL, messages=[{"role": "user", "content": "1+1="}], n=3, max_tokens=3, temperature=1.0
     )
     for i, reward in ((2, 0.0), (0, 1.0)):
         fb = served.post("/v1/feedback", {"response_id": resp.id, "choice": i, "reward": reward})
@@ -258,7 +197,7 @@ def test_record_false_answers_without_recording(served):
     """What ``model.engine: openai`` sends: the explorer records its own experiences, not the server."""
     pending = served.buffer.metrics()["buffer/pending"]
     resp = served.client().chat.completions.create(
-        model=MODEL,
+        model=SERVE_MODEL,
         messages=[{"role": "user", "content": "1+1="}],
         max_tokens=3,
         extra_body={"record": False},
@@ -266,7 +205,7 @@ def test_record_false_answers_without_recording(served):
     assert resp.choices and served.buffer.metrics()["buffer/pending"] == pending
     assert served.post("/v1/feedback", {"response_id": resp.id, "reward": 1.0}).status_code == 404
     bad = {
-        "model": MODEL,
+        "model": SERVE_MODEL,
         "messages": [{"role": "user", "content": "hi"}],
         "record": False,
         "session_id": "s",
@@ -277,7 +216,7 @@ def test_record_false_answers_without_recording(served):
 
 def test_streaming_chunks_work_with_the_openai_client_and_end_with_done(served):
     stream = served.client().chat.completions.create(
-        model=MODEL,
+        model=SERVE_MODEL,
         messages=[{"role": "user", "content": "hi"}],
         stream=True,
         stream_options={"include_usage": True},
@@ -292,7 +231,7 @@ def test_streaming_chunks_work_with_the_openai_client_and_end_with_done(served):
     assert len(ids) == chunks[-1].usage.completion_tokens and isinstance(text, str)
     raw = httpx.post(
         f"{served.url}/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        json={"model": SERVE_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
     )
     assert raw.headers["content-type"].startswith("text/event-stream")
     assert raw.text.rstrip().endswith("data: [DONE]")
@@ -305,7 +244,7 @@ def test_a_session_is_one_trajectory_with_observations_masked(served, tokenizer)
     replies = []
     for turn, hint in enumerate(["higher", "lower", None]):
         resp = client.chat.completions.create(
-            model=MODEL,
+            model=SERVE_MODEL,
             messages=messages,
             max_tokens=4,
             logprobs=True,
@@ -352,36 +291,31 @@ def test_a_session_is_one_trajectory_with_observations_masked(served, tokenizer)
     )
 
 
-def test_a_session_across_a_weight_update_keeps_each_tokens_version(tiny_model_dir, tokenizer):
-    model = load_model(tiny_model_dir, dtype="float32", device="cpu")
-    engine = HFEngine(model, tokenizer, seed=0)
-    try:
-        with serving(engine, MemoryBuffer()) as s:
-            first = s.client().chat.completions.create(**GOOD, extra_body={"session_id": "w"})
-            engine.load_weights(
-                model.state_dict(), version=1
-            )  # what the weight pick-up does between requests
-            messages = [
-                *GOOD["messages"],
-                as_dict(first.choices[0].message),
-                {"role": "user", "content": "Two."},
-            ]
-            second = s.client().chat.completions.create(
-                model=MODEL, messages=messages, max_tokens=2, extra_body={"session_id": "w"}
-            )
-            assert (first.model_extra["policy_version"], second.model_extra["policy_version"]) == (0, 1)
-            assert httpx.get(f"{s.url}/health").json()["policy_version"] == 1
-            assert s.post("/v1/sessions/w/commit", {"reward": 1.0}).status_code == 200
-            [exp] = taken(s.buffer, 1)
-            assert exp.policy_version == 0 and set(exp.info["token_versions"]) == {0, 1}
-    finally:
-        engine.close()
+def test_a_session_across_a_weight_update_keeps_each_tokens_version(fresh_engine, model):
+    with serving(fresh_engine, MemoryBuffer()) as s:
+        first = s.client().chat.completions.create(**GOOD_CHAT, extra_body={"session_id": "w"})
+        fresh_engine.load_weights(
+            model.state_dict(), version=1
+        )  # what the weight pick-up does between requests
+        messages = [
+            *GOOD_CHAT["messages"],
+            as_dict(first.choices[0].message),
+            {"role": "user", "content": "Two."},
+        ]
+        second = s.client().chat.completions.create(
+            model=SERVE_MODEL, messages=messages, max_tokens=2, extra_body={"session_id": "w"}
+        )
+        assert (first.model_extra["policy_version"], second.model_extra["policy_version"]) == (0, 1)
+        assert httpx.get(f"{s.url}/health").json()["policy_version"] == 1
+        assert s.post("/v1/sessions/w/commit", {"reward": 1.0}).status_code == 200
+        [exp] = taken(s.buffer, 1)
+        assert exp.policy_version == 0 and set(exp.info["token_versions"]) == {0, 1}
 
 
 def test_an_edited_history_forks_the_session_and_its_reward_fills_both(served):
     client, sid = served.client(), "sess-fork"
     first = client.chat.completions.create(
-        model=MODEL,
+        model=SERVE_MODEL,
         messages=[{"role": "user", "content": "Start."}],
         max_tokens=3,
         extra_body={"session_id": sid},
@@ -392,7 +326,7 @@ def test_an_edited_history_forks_the_session_and_its_reward_fills_both(served):
         {"role": "user", "content": "Go on."},
     ]
     second = client.chat.completions.create(
-        model=MODEL, messages=edited, max_tokens=3, extra_body={"session_id": sid}
+        model=SERVE_MODEL, messages=edited, max_tokens=3, extra_body={"session_id": sid}
     )
     assert second.model_extra["turn"] == 1
     assert served.server.metrics()["serve/sessions_forked"] >= 1
@@ -404,7 +338,9 @@ def test_an_edited_history_forks_the_session_and_its_reward_fills_both(served):
     assert all(e.reward == 1.0 and e.task_id == sid for e in exps)
     with pytest.raises(openai.ConflictError, match="committed"):
         client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Again."}], extra_body={"session_id": sid}
+            model=SERVE_MODEL,
+            messages=[{"role": "user", "content": "Again."}],
+            extra_body={"session_id": sid},
         )
 
 
@@ -414,12 +350,14 @@ def test_tools_are_rendered_and_tool_calls_returned_then_the_tool_result_continu
     def policy(prompt: str) -> str:
         return "The sum is 5." if "<|im_start|>tool\n5" in prompt else f"Let me add.\n{call}"
 
-    settings = ServeSettings(model_name=MODEL, max_tokens=128, default_max_tokens=16, max_prompt_tokens=1000)
+    settings = ServeSettings(
+        model_name=SERVE_MODEL, max_tokens=128, default_max_tokens=16, max_prompt_tokens=1000
+    )
     with serving(Scripted(tokenizer, policy), MemoryBuffer(), settings) as s:
         client, sid = s.client(), "sess-tools"
         messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2+3?"}]
         first = client.chat.completions.create(
-            model=MODEL, messages=messages, tools=[ADD], max_tokens=128,
+            model=SERVE_MODEL, messages=messages, tools=[ADD], max_tokens=128,
             extra_body={"session_id": sid, "return_token_ids": True},
         )  # fmt: skip
         choice = first.choices[0]
@@ -432,7 +370,7 @@ def test_tools_are_rendered_and_tool_calls_returned_then_the_tool_result_continu
         assert '"name": "add"' in tokenizer.decode(first.model_extra["prompt_token_ids"])  # tools rendered
         messages += [as_dict(choice.message), {"role": "tool", "tool_call_id": tool_call.id, "content": "5"}]
         second = client.chat.completions.create(
-            model=MODEL, messages=messages, tools=[ADD], max_tokens=128, extra_body={"session_id": sid}
+            model=SERVE_MODEL, messages=messages, tools=[ADD], max_tokens=128, extra_body={"session_id": sid}
         )
         assert (
             second.choices[0].message.content == "The sum is 5." and second.choices[0].finish_reason == "stop"
@@ -448,7 +386,7 @@ def test_tools_are_rendered_and_tool_calls_returned_then_the_tool_result_continu
 def test_completions_take_text_or_token_ids_and_are_recorded(served):
     client = served.client()
     text = client.completions.create(
-        model=MODEL,
+        model=SERVE_MODEL,
         prompt="Once upon a time",
         max_tokens=4,
         logprobs=0,
@@ -461,9 +399,9 @@ def test_completions_take_text_or_token_ids_and_are_recorded(served):
         == text.usage.completion_tokens
     )
     ids = text.model_extra["prompt_token_ids"]
-    again = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, n=2, seed=3)
+    again = client.completions.create(model=SERVE_MODEL, prompt=ids, max_tokens=4, n=2, seed=3)
     assert again.usage.prompt_tokens == len(ids) and len(again.choices) == 2
-    streamed = list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, stream=True))
+    streamed = list(client.completions.create(model=SERVE_MODEL, prompt="Hello", max_tokens=3, stream=True))
     assert streamed[-1].choices[0].finish_reason in ("stop", "length")
     ok = served.post("/v1/feedback", {"response_id": again.id, "reward": 0.25})
     assert ok.status_code == 200 and ok.json()["rewarded"] == 2
@@ -474,7 +412,7 @@ def test_many_concurrent_clients_are_all_answered(served):
         client = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0, timeout=30)
         calls = [
             client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=4
+                model=SERVE_MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=4
             )
             for i in range(12)
         ]
@@ -487,40 +425,39 @@ def test_many_concurrent_clients_are_all_answered(served):
 
 
 # ---------------------------------------------------------------------------------------------- bad paths
-GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 BAD = [
-    # (body, status, param, words in the message)
-    ({**GOOD, "colour": "red"}, 400, "colour", "unknown field"),
-    ({**GOOD, "temperature": "hot"}, 400, "temperature", "valid number"),
-    ({**GOOD, "temperature": 9}, 400, "temperature", "less than or equal to 2"),
-    ({**GOOD, "n": 9}, 400, "n", "limit of 4"),
-    ({**GOOD, "n": 2, "session_id": "s"}, 400, "n", "n=1"),
-    ({**GOOD, "max_tokens": 10**6}, 400, "max_tokens", "limit of 16"),
+    # (body, status, param, words in the message); the limits are serving()'s (tests.helpers.serve_settings)
+    ({**GOOD_CHAT, "colour": "red"}, 400, "colour", "unknown field"),
+    ({**GOOD_CHAT, "temperature": "hot"}, 400, "temperature", "valid number"),
+    ({**GOOD_CHAT, "temperature": 9}, 400, "temperature", "less than or equal to 2"),
+    ({**GOOD_CHAT, "n": 9}, 400, "n", "limit of 4"),
+    ({**GOOD_CHAT, "n": 2, "session_id": "s"}, 400, "n", "n=1"),
+    ({**GOOD_CHAT, "max_tokens": 10**6}, 400, "max_tokens", "limit of 16"),
     (
-        {"model": MODEL, "messages": GOOD["messages"], "max_completion_tokens": 99},
+        {"model": SERVE_MODEL, "messages": GOOD_CHAT["messages"], "max_completion_tokens": 99},
         400,
         "max_completion_tokens",
         "limit of 16",
     ),
-    ({**GOOD, "logprobs": True, "top_logprobs": 2}, 400, "top_logprobs", "not supported"),
-    ({**GOOD, "messages": []}, 400, "messages", "at least 1"),
+    ({**GOOD_CHAT, "logprobs": True, "top_logprobs": 2}, 400, "top_logprobs", "not supported"),
+    ({**GOOD_CHAT, "messages": []}, 400, "messages", "at least 1"),
     (
-        {**GOOD, "messages": [{"role": "user", "content": "x" * 2000}]},
+        {**GOOD_CHAT, "messages": [{"role": "user", "content": "x" * 2000}]},
         400,
         "messages",
         "max_prompt_tokens=300",
     ),
-    ({**GOOD, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", "'user'"),
-    ({**GOOD, "messages": [{"role": "user", "content": None}]}, 400, "messages.0.content", "null"),
+    ({**GOOD_CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", "'user'"),
+    ({**GOOD_CHAT, "messages": [{"role": "user", "content": None}]}, 400, "messages.0.content", "null"),
     (
-        {**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        {**GOOD_CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         400,
         "messages.0.content",
         "messages.0.content",
     ),  # fmt: skip
-    ({**GOOD, "model": "gpt-4o"}, 404, "model", "serves 'tiny'"),
-    ({**GOOD, "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
-    ({"messages": GOOD["messages"]}, 400, "model", "required"),
+    ({**GOOD_CHAT, "model": "gpt-4o"}, 404, "model", "serves 'tiny'"),
+    ({**GOOD_CHAT, "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
+    ({"messages": GOOD_CHAT["messages"]}, 400, "model", "required"),
 ]
 
 
@@ -540,7 +477,7 @@ def test_malformed_bodies_and_content_types_are_refused(served):
         url, content=b"model=tiny", headers={"content-type": "application/x-www-form-urlencoded"}
     )
     assert form.status_code == 415 and "application/json" in form.json()["error"]["message"]
-    array = httpx.post(url, json=[GOOD])
+    array = httpx.post(url, json=[GOOD_CHAT])
     assert array.status_code == 400 and "one JSON object" in array.json()["error"]["message"]
     huge = httpx.post(
         url, content=b"{" + b" " * (9 * 1024 * 1024) + b"}", headers={"content-type": "application/json"}
@@ -577,75 +514,77 @@ def test_a_typed_route_added_on_top_answers_400_not_422(engine):
 
 
 def test_an_api_key_is_required_when_set(engine):
-    settings = ServeSettings(model_name=MODEL, api_key="s3cret", max_tokens=8, default_max_tokens=2)
+    settings = ServeSettings(model_name=SERVE_MODEL, api_key="s3cret", max_tokens=8, default_max_tokens=2)
     with serving(engine, MemoryBuffer(), settings) as s:
         with pytest.raises(openai.AuthenticationError):
             s.client("wrong").models.list()
-        missing = httpx.post(f"{s.url}/v1/chat/completions", json=GOOD)
+        missing = httpx.post(f"{s.url}/v1/chat/completions", json=GOOD_CHAT)
         assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
         assert missing.json()["error"]["type"] == "authentication_error"
-        assert s.client("s3cret").chat.completions.create(**GOOD).choices
+        assert s.client("s3cret").chat.completions.create(**GOOD_CHAT).choices
         assert httpx.get(f"{s.url}/health").status_code == 200
 
 
 def test_past_the_queue_requests_get_429_and_the_server_goes_on(tokenizer):
     settings = ServeSettings(
-        model_name=MODEL, max_concurrent=1, max_queue=1, max_tokens=8, default_max_tokens=2
+        model_name=SERVE_MODEL, max_concurrent=1, max_queue=1, max_tokens=8, default_max_tokens=2
     )
     with serving(Scripted(tokenizer, lambda _: "ok", delay=0.25), MemoryBuffer(), settings) as s:
 
         async def burst() -> list[int]:
             async with httpx.AsyncClient(timeout=10) as client:
-                calls = [client.post(f"{s.url}/v1/chat/completions", json=GOOD) for _ in range(3)]
+                calls = [client.post(f"{s.url}/v1/chat/completions", json=GOOD_CHAT) for _ in range(3)]
                 return sorted(r.status_code for r in await asyncio.gather(*calls))
 
         assert asyncio.run(burst()) == [200, 200, 429]
         assert s.server.metrics()["serve/rejected_too_many_requests"] == 1
-        assert s.post("/v1/chat/completions", GOOD).status_code == 200
+        assert s.post("/v1/chat/completions", GOOD_CHAT).status_code == 200
 
 
 def test_an_engine_error_fails_only_its_request(engine):
     with serving(Failing(engine), MemoryBuffer()) as s:
-        bad = s.post("/v1/chat/completions", {**GOOD, "messages": [{"role": "user", "content": "boom"}]})
+        bad = s.post("/v1/chat/completions", {**GOOD_CHAT, "messages": [{"role": "user", "content": "boom"}]})
         assert bad.status_code == 500 and bad.json()["error"]["type"] == "server_error"
         assert "device-side assert" in bad.json()["error"]["message"]
-        assert s.post("/v1/chat/completions", GOOD).status_code == 200
+        assert s.post("/v1/chat/completions", GOOD_CHAT).status_code == 200
         # a failed session turn leaves the session as it was: the next call continues it
-        first = s.client().chat.completions.create(**GOOD, extra_body={"session_id": "sx"})
-        echo = [*GOOD["messages"], as_dict(first.choices[0].message)]
+        first = s.client().chat.completions.create(**GOOD_CHAT, extra_body={"session_id": "sx"})
+        echo = [*GOOD_CHAT["messages"], as_dict(first.choices[0].message)]
         boom = [*echo, {"role": "user", "content": "boom"}]
-        failed = s.post("/v1/chat/completions", {**GOOD, "messages": boom, "session_id": "sx"})
+        failed = s.post("/v1/chat/completions", {**GOOD_CHAT, "messages": boom, "session_id": "sx"})
         assert failed.status_code == 500
         ok = s.client().chat.completions.create(
-            model=MODEL, messages=[*echo, {"role": "user", "content": "fine"}], max_tokens=2,
+            model=SERVE_MODEL, messages=[*echo, {"role": "user", "content": "fine"}], max_tokens=2,
             extra_body={"session_id": "sx"},
         )  # fmt: skip
         assert ok.model_extra["turn"] == 1 and s.server.metrics()["serve/sessions_forked"] == 0
 
 
 def test_a_hanging_engine_or_buffer_fails_its_request_in_time_and_the_server_goes_on(tokenizer):
-    settings = ServeSettings(model_name=MODEL, max_tokens=8, default_max_tokens=2, request_timeout=0.3)
+    settings = ServeSettings(model_name=SERVE_MODEL, max_tokens=8, default_max_tokens=2, request_timeout=0.3)
     buffer = Stalling()
     slow = Scripted(tokenizer, lambda _: "ok", hang="hang")
     with serving(slow, buffer, settings, write_timeout=0.3) as s:
         started = time.monotonic()
-        hung = s.post("/v1/chat/completions", {**GOOD, "messages": [{"role": "user", "content": "hang"}]})
+        hung = s.post(
+            "/v1/chat/completions", {**GOOD_CHAT, "messages": [{"role": "user", "content": "hang"}]}
+        )
         assert hung.status_code == 504 and "request_timeout=0.3" in hung.json()["error"]["message"]
         buffer.stall = 3.0
-        stuck = s.post("/v1/chat/completions", GOOD)
+        stuck = s.post("/v1/chat/completions", GOOD_CHAT)
         assert stuck.status_code == 503 and "buffer did not answer" in stuck.json()["error"]["message"]
         assert time.monotonic() - started < 2.5
         buffer.stall = 0.0
-        assert s.post("/v1/chat/completions", GOOD).status_code == 200
+        assert s.post("/v1/chat/completions", GOOD_CHAT).status_code == 200
         metrics = s.server.metrics()
         assert metrics["serve/rejected_timeout"] == 1 and metrics["serve/rejected_unavailable"] == 1
 
 
 def test_an_idle_session_is_written_pending_and_rewarded_later(engine):
-    settings = ServeSettings(model_name=MODEL, max_tokens=8, default_max_tokens=2, session_timeout=0.3)
+    settings = ServeSettings(model_name=SERVE_MODEL, max_tokens=8, default_max_tokens=2, session_timeout=0.3)
     buffer = MemoryBuffer()
     with serving(engine, buffer, settings) as s:
-        s.client().chat.completions.create(**GOOD, extra_body={"session_id": "idle"})
+        s.client().chat.completions.create(**GOOD_CHAT, extra_body={"session_id": "idle"})
         deadline = time.monotonic() + 5
         while buffer.metrics()["buffer/pending"] < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -660,7 +599,7 @@ def test_the_sql_buffer_gets_each_reward_once(engine, tmp_path):
     buffer = SQLBuffer(f"sqlite:///{tmp_path / 'buffer.db'}", poll_interval=0.02)
     try:
         with serving(engine, buffer) as s:
-            resp = s.client().chat.completions.create(**GOOD, n=2)
+            resp = s.client().chat.completions.create(**GOOD_CHAT, n=2)
             assert buffer.metrics()["buffer/pending"] == 2
             assert s.post("/v1/feedback", {"response_id": resp.id, "reward": 1.0}).json()["rewarded"] == 2
             assert s.post("/v1/feedback", {"response_id": resp.id, "reward": 1.0}).status_code == 409

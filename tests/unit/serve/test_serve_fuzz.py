@@ -16,10 +16,8 @@ pytest.importorskip("fastapi", reason="trine serve needs fastapi (pip install 't
 pytest.importorskip("uvicorn", reason="trine serve needs uvicorn (pip install 'trine[dev]')")
 httpx = pytest.importorskip("httpx")
 
-from tests.unit.serve.test_serve import GOOD, MODEL, SETTINGS, serving  # noqa: E402
+from tests.helpers import GOOD_CHAT, SERVE_MODEL, serving  # noqa: E402
 from trine.buffer import MemoryBuffer  # noqa: E402
-from trine.models import load_model, load_tokenizer  # noqa: E402
-from trine.models.engine import HFEngine  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -60,7 +58,7 @@ RAW = [
     b"", b"{", b"}", b"null", b"[]", b"42", b'"text"', b"\xff\xfe\x00garbage", b"{'single': 'quotes'}",
     b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}',
     b"[" * 100_000 + b"]" * 100_000, b'{"n": ' + b"9" * 5000 + b"}", b'{"a": NaN}', b'{"a": Infinity}',
-    json.dumps({**GOOD, "temperature": float("nan")}).encode(),
+    json.dumps({**GOOD_CHAT, "temperature": float("nan")}).encode(),
 ]  # fmt: skip
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/feedback", "/v1/sessions/zz/commit"]
 
@@ -70,10 +68,10 @@ def cases(rng: random.Random) -> list[tuple[str, bytes, str]]:
     out = []
     for field, values in INVALID.items():
         out += [
-            ("/v1/chat/completions", json.dumps({**GOOD, field: v}).encode(), "application/json")
+            ("/v1/chat/completions", json.dumps({**GOOD_CHAT, field: v}).encode(), "application/json")
             for v in values
         ]
-    completion = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    completion = {"model": SERVE_MODEL, "prompt": "hi", "max_tokens": 2}
     for field, values in COMPLETION_INVALID.items():
         out += [
             ("/v1/completions", json.dumps({**completion, field: v}).encode(), "application/json")
@@ -88,7 +86,7 @@ def cases(rng: random.Random) -> list[tuple[str, bytes, str]]:
         elif kind < 0.6:
             body = json.dumps({_word(rng): _junk(rng, 3) for _ in range(rng.randrange(1, 5))}).encode()
         elif kind < 0.8:
-            body = json.dumps({**GOOD, rng.choice(list(INVALID)): _junk(rng, 2), _word(rng): 1}).encode()
+            body = json.dumps({**GOOD_CHAT, rng.choice(list(INVALID)): _junk(rng, 2), _word(rng): 1}).encode()
         else:
             body = json.dumps(_junk(rng, 4)).encode()
         ctype = rng.choice(["application/json"] * 3 + ["text/plain", "application/x-www-form-urlencoded", ""])
@@ -124,29 +122,24 @@ def _junk(rng: random.Random, depth: int) -> Any:
     return {_word(rng): _junk(rng, depth - 1) for _ in range(rng.randrange(0, 4))}
 
 
-def test_hundreds_of_malformed_requests_get_4xx_and_the_server_still_answers(tiny_model_dir):
-    tokenizer = load_tokenizer(tiny_model_dir)
-    engine = HFEngine(load_model(tiny_model_dir, dtype="float32", device="cpu"), tokenizer, seed=0)
+def test_hundreds_of_malformed_requests_get_4xx_and_the_server_still_answers(engine):
     started = time.monotonic()
-    try:
-        with (
-            serving(engine, MemoryBuffer(), SETTINGS) as s,
-            httpx.Client(base_url=s.url, timeout=5) as client,
-        ):
-            requests = cases(random.Random(0))
-            assert len(requests) >= 300
-            statuses = []
-            for path, body, ctype in requests:
-                resp = client.post(path, content=body, headers={"content-type": ctype} if ctype else {})
-                statuses.append(resp.status_code)
-                assert 400 <= resp.status_code < 500, (path, body[:200], resp.status_code, resp.text[:300])
-                error = resp.json()["error"]
-                assert error["message"] and error["type"] in ("invalid_request_error", "authentication_error")
-            good = client.post("/v1/chat/completions", json=GOOD)
-            assert good.status_code == 200 and good.json()["choices"][0]["message"]["role"] == "assistant"
-            metrics = s.server.metrics()
-            assert metrics["serve/rejected"] == len(requests) and metrics["serve/completion_tokens"] > 0
-            assert {400, 404, 415} <= set(statuses)
-    finally:
-        engine.close()
+    with (
+        serving(engine, MemoryBuffer()) as s,
+        httpx.Client(base_url=s.url, timeout=5) as client,
+    ):
+        requests = cases(random.Random(0))
+        assert len(requests) >= 300
+        statuses = []
+        for path, body, ctype in requests:
+            resp = client.post(path, content=body, headers={"content-type": ctype} if ctype else {})
+            statuses.append(resp.status_code)
+            assert 400 <= resp.status_code < 500, (path, body[:200], resp.status_code, resp.text[:300])
+            error = resp.json()["error"]
+            assert error["message"] and error["type"] in ("invalid_request_error", "authentication_error")
+        good = client.post("/v1/chat/completions", json=GOOD_CHAT)
+        assert good.status_code == 200 and good.json()["choices"][0]["message"]["role"] == "assistant"
+        metrics = s.server.metrics()
+        assert metrics["serve/rejected"] == len(requests) and metrics["serve/completion_tokens"] > 0
+        assert {400, 404, 415} <= set(statuses)
     assert time.monotonic() - started < 30

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import write_arithmetic_config
-from tests.unit.sync.test_sync_published import Checker, Filled
+from tests.helpers import WeightsChecker, filled_model, write_arithmetic_config
 from trine.config import ConfigError, load_config
 from trine.launch.processes import ProcessSetupError
 from trine.launch.serve import WeightsWatcher, settings_of
@@ -18,9 +17,9 @@ from trine.sync import PublishedWeights
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _watcher(run_dir, reports=None) -> tuple[WeightsWatcher, Checker]:
-    keys = list(Filled(0.0).state_dict())
-    engine = Checker(keys)
+def _watcher(run_dir, reports=None) -> tuple[WeightsWatcher, WeightsChecker]:
+    keys = list(filled_model(0.0).state_dict())
+    engine = WeightsChecker(keys)
     report = None if reports is None else (lambda: reports.append(engine.policy_version))
     return WeightsWatcher(PublishedWeights(run_dir / "weights"), engine, run_dir, 0.05, report, 0.1), engine
 
@@ -29,8 +28,8 @@ def test_the_newest_published_version_is_loaded_and_only_once(tmp_path):
     trainer = PublishedWeights(tmp_path / "weights")
     watcher, engine = _watcher(tmp_path)
     assert watcher.check() is False  # nothing published: keep serving the loaded model
-    trainer.push(Filled(1.0), 1)
-    trainer.push(Filled(2.0), 2)
+    trainer.push(filled_model(1.0), 1)
+    trainer.push(filled_model(2.0), 2)
     assert watcher.check() is True and engine.policy_version == 2 and engine.loaded == [2]  # straight to 2
     assert watcher.check() is False and watcher.loads == 1
     watcher.close()
@@ -40,7 +39,7 @@ def test_the_watcher_thread_picks_up_weights_while_serving_and_reports(tmp_path)
     trainer, reports = PublishedWeights(tmp_path / "weights"), []
     watcher, engine = _watcher(tmp_path, reports)
     watcher.start()
-    trainer.push(Filled(3.0), 3)
+    trainer.push(filled_model(3.0), 3)
     deadline = time.monotonic() + 10
     while engine.policy_version != 3 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -52,7 +51,7 @@ def test_the_watcher_thread_picks_up_weights_while_serving_and_reports(tmp_path)
 
 def test_servers_of_one_run_reload_one_at_a_time(tmp_path):
     """While one server loads (holds the run's reload lock), another's load waits: some server answers."""
-    PublishedWeights(tmp_path / "weights").push(Filled(1.0), 1)
+    PublishedWeights(tmp_path / "weights").push(filled_model(1.0), 1)
     first, _ = _watcher(tmp_path)
     second, engine = _watcher(tmp_path)
     done = threading.Event()

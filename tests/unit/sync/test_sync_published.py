@@ -15,45 +15,13 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import WeightsChecker, filled_model
 from trine.models import load_model, load_tokenizer
 from trine.models.engine import HFEngine
 from trine.sync import SYNC_METHODS, PublishedWeights, WeightSync
 from trine.sync.published import version_name
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-class Filled(nn.Module):
-    """Every weight equals ``value`` (so a reader can tell which version it holds); ``head`` is tied
-    to ``embed`` like a language model's output layer."""
-
-    def __init__(self, value: float, size: int = 1000) -> None:
-        super().__init__()
-        self.embed = nn.Linear(size, 4, bias=False)
-        self.head = nn.Linear(size, 4, bias=False)
-        self.head.weight = self.embed.weight
-        self.norm = nn.Parameter(torch.empty(size))
-        with torch.no_grad():
-            for p in self.parameters():
-                p.fill_(value)
-
-
-class Checker:
-    """A rollout model that records what it was loaded with and checks it is one whole version."""
-
-    def __init__(self, keys: list[str]) -> None:
-        self.policy_version = 0
-        self.keys = keys
-        self.loaded: list[int] = []
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        if list(state_dict) != self.keys:
-            raise AssertionError(f"version {version} has keys {list(state_dict)}, expected {self.keys}")
-        for key, value in state_dict.items():
-            if not bool((value == float(version)).all()):
-                raise AssertionError(f"version {version}: {key} holds other values {value.unique()[:4]}")
-        self.policy_version = version
-        self.loaded.append(version)
 
 
 def _bump(model: nn.Module, amount: float) -> dict[str, torch.Tensor]:
@@ -131,23 +99,23 @@ def test_weights_of_another_model_are_refused_before_anything_is_loaded(tiny_mod
 def test_republishing_replaces_a_version_and_retires_newer_ones(tmp_path):
     sync = PublishedWeights(tmp_path, keep=3)
     for version in (1, 2, 3, 4):
-        sync.push(Filled(version), version)
+        sync.push(filled_model(version), version)
     assert sync.published() == [2, 3, 4]
     # A trainer restarted from its step-2 checkpoint publishes 2 again: 3 and 4 belong to the dead run.
-    sync.push(Filled(2), 2)
+    sync.push(filled_model(2), 2)
     assert _dirs(tmp_path) == [version_name(2)]
-    checker = Checker(list(Filled(0).state_dict()))
+    checker = WeightsChecker(list(filled_model(0).state_dict()))
     sync.pull(checker, 2, timeout=1.0)
     assert checker.loaded == [2]
 
 
 def test_pull_waits_for_a_later_push_times_out_clearly_and_is_released_by_close(tmp_path):
     sync = PublishedWeights(tmp_path / "weights", poll_interval=0.02)
-    checker = Checker(list(Filled(0).state_dict()))
+    checker = WeightsChecker(list(filled_model(0).state_dict()))
     with pytest.raises(TimeoutError, match=r"version 1 was not published in .*weights within 0.2s.*trainer"):
         sync.pull(checker, 1, timeout=0.2)
 
-    pusher = threading.Timer(0.3, lambda: sync.push(Filled(1), 1))
+    pusher = threading.Timer(0.3, lambda: sync.push(filled_model(1), 1))
     pusher.start()
     start = time.monotonic()
     sync.pull(checker, 1, timeout=10.0)
@@ -177,7 +145,7 @@ def test_wait_for_first_logs_while_waiting_and_times_out(tmp_path, caplog):
             sync.wait_for_first(timeout=0.35)
     waits = [r.getMessage() for r in caplog.records if "waiting for the trainer" in r.getMessage()]
     assert len(waits) >= 2 and str(tmp_path / "weights") in waits[0]
-    threading.Timer(0.2, lambda: sync.push(Filled(3), 3)).start()
+    threading.Timer(0.2, lambda: sync.push(filled_model(3), 3)).start()
     assert sync.wait_for_first(timeout=10.0) == 3
 
 
@@ -191,7 +159,7 @@ def _reader(directory: str, ready, done, results) -> None:
     loop; report (requested, loaded) pairs and errors."""
     torch.set_num_threads(1)
     sync = PublishedWeights(directory, poll_interval=0.005)
-    checker = Checker(list(Filled(0, size=20_000).state_dict()))
+    checker = WeightsChecker(list(filled_model(0, size=20_000).state_dict()))
     pulls, scans, errors = [], 0, []
     ready.set()
     while not (done.is_set() and checker.policy_version == VERSIONS):
@@ -217,9 +185,9 @@ def test_a_reader_process_never_sees_a_partial_version(tmp_path):
         assert ready.wait(60), "the reader process did not start"
         sync = PublishedWeights(tmp_path, keep=2)
         for version in range(1, VERSIONS + 1):
-            sync.push(Filled(version, size=20_000), version)
+            sync.push(filled_model(version, size=20_000), version)
             if version % 4 == 0:  # re-published (a restarted trainer): replaced under the reader
-                sync.push(Filled(version, size=20_000), version)
+                sync.push(filled_model(version, size=20_000), version)
             time.sleep(0.03)
         done.set()
         report = results.get(timeout=60)
@@ -227,7 +195,7 @@ def test_a_reader_process_never_sees_a_partial_version(tmp_path):
         reader.join(10)
         if reader.is_alive():
             reader.kill()
-    assert report["errors"] == []  # and every load was one whole version (Checker)
+    assert report["errors"] == []  # and every load was one whole version (WeightsChecker)
     pulls = report["pulls"]
     # the reader ran alongside the writer (a loaded machine slows it: no exact counts)
     assert pulls[-1] == (VERSIONS, VERSIONS) and len(pulls) >= 2 and report["scans"] >= 4
@@ -237,8 +205,8 @@ def test_a_reader_process_never_sees_a_partial_version(tmp_path):
 def _slow_writer(directory: str) -> None:
     """Publish version 1, then start publishing a big version 2 (killed by the test meanwhile)."""
     sync = PublishedWeights(directory)
-    sync.push(Filled(1), 1)
-    sync.push(Filled(2, size=4_000_000), 2)  # 80 MB: long enough to be killed while writing
+    sync.push(filled_model(1), 1)
+    sync.push(filled_model(2, size=4_000_000), 2)  # 80 MB: long enough to be killed while writing
 
 
 def test_a_writer_killed_mid_publish_leaves_no_visible_partial_version(tmp_path):
@@ -257,10 +225,10 @@ def test_a_writer_killed_mid_publish_leaves_no_visible_partial_version(tmp_path)
 
     sync = PublishedWeights(tmp_path)
     assert sync.latest() == 1
-    checker = Checker(list(Filled(0).state_dict()))
+    checker = WeightsChecker(list(filled_model(0).state_dict()))
     sync.pull(checker, 1, timeout=1.0)
     assert checker.loaded == [1]
-    sync.push(Filled(2), 2)  # the restarted trainer: the stale tmp is cleaned up
+    sync.push(filled_model(2), 2)  # the restarted trainer: the stale tmp is cleaned up
     assert _dirs(tmp_path) == [version_name(1), version_name(2)]
     sync.pull(checker, 2, timeout=1.0)
     assert checker.loaded == [1, 2]
@@ -268,10 +236,10 @@ def test_a_writer_killed_mid_publish_leaves_no_visible_partial_version(tmp_path)
 
 def test_a_reader_with_a_remote_engine_waits_for_the_version_but_loads_nothing(tmp_path):
     """``load=False`` (``model.engine: openai``: the server loads its own weights)."""
-    keys = list(Filled(0.0).state_dict())
-    reader, engine = PublishedWeights(tmp_path, load=False), Checker(keys)
+    keys = list(filled_model(0.0).state_dict())
+    reader, engine = PublishedWeights(tmp_path, load=False), WeightsChecker(keys)
     with pytest.raises(TimeoutError):
         reader.pull(engine, 1, timeout=0.3)  # not published yet: it still waits
-    PublishedWeights(tmp_path).push(Filled(1.0), 1)
+    PublishedWeights(tmp_path).push(filled_model(1.0), 1)
     reader.pull(engine, 1, timeout=5)
     assert engine.loaded == [] and engine.policy_version == 0

@@ -9,7 +9,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from tests.unit.trainer.test_trainer_scale import LORA, _exps
+from tests.helpers import LORA, shifted_experiences
 from trine.algorithms import PRESETS
 from trine.config import TrainerConfig
 from trine.models import load_model, load_tokenizer
@@ -25,7 +25,7 @@ def _cuda_step(model_dir, model, algo=PRESETS["grpo"], ref=None, **kwargs) -> di
     tokenizer = load_tokenizer(model_dir)
     settings = TrainerConfig(lr=1e-3, **kwargs)
     trainer = Trainer(model, algo, settings, pad_token_id=tokenizer.pad_token_id, ref_model=ref)
-    exps = _exps(load_model(model_dir), tokenizer)
+    exps = shifted_experiences(load_model(model_dir), tokenizer, shift=-0.05)
     return trainer.step(exps)
 
 

@@ -37,11 +37,6 @@ SPECS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def experiences(tiny_model_dir, tokenizer) -> list[Experience]:
     """Rollout-like experiences whose behaviour logprobs are near (not at) the model's own."""
     model = load_model(tiny_model_dir)

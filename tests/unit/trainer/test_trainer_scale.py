@@ -10,7 +10,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from tests.unit.algorithms.test_rollout_correction import _exps as shifted_experiences
+from tests.helpers import LORA, shifted_experiences
 from trine.algorithms import PRESETS
 from trine.config import TrainerConfig
 from trine.models import load_model, load_tokenizer
@@ -18,16 +18,8 @@ from trine.models.batching import collate, forward_logprobs
 from trine.models.export import has_lora, plain_copy, rollout_state_dict, save_model
 from trine.trainer import Trainer
 from trine.trainer.policy import AdapterDisabled, Offloaded, own_weights, prepare_policy, reference_model
-from trine.types import Experience
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": "all-linear"}
-
-
-def _exps(model, tokenizer) -> list[Experience]:
-    """Rollout-like experiences whose behaviour logprobs are near the policy's (0.05 above), not at them."""
-    return shifted_experiences(model, tokenizer, -0.05)
 
 
 def _step(model_dir, algo="grpo", policy=None, ref=None, **kwargs) -> tuple[dict[str, float], Trainer]:
@@ -40,7 +32,8 @@ def _step(model_dir, algo="grpo", policy=None, ref=None, **kwargs) -> tuple[dict
         pad_token_id=tokenizer.pad_token_id,
         ref_model=ref,
     )
-    return trainer.step(_exps(load_model(model_dir), tokenizer)), trainer
+    # rollout-like experiences whose behaviour logprobs are near the policy's (0.05 above), not at them
+    return trainer.step(shifted_experiences(load_model(model_dir), tokenizer, shift=-0.05)), trainer
 
 
 def test_bf16_autocast_keeps_float32_weights_and_tracks_fp32(tiny_model_dir):
@@ -116,7 +109,9 @@ def test_lora_trains_adapters_only_and_hands_out_merged_weights(tiny_model_dir, 
     assert moved and all(k.endswith(".weight") for k in moved)
     # merged weights = what peft's own merge gives, and the adapter-disabled policy is the base
     tokenizer = load_tokenizer(tiny_model_dir)
-    batch = collate(_exps(base, tokenizer), [0, 1, 2], tokenizer.pad_token_id, "cpu")
+    batch = collate(
+        shifted_experiences(base, tokenizer, shift=-0.05), [0, 1, 2], tokenizer.pad_token_id, "cpu"
+    )
     with torch.no_grad():
         lora_lp, _ = forward_logprobs(policy, batch)
         merged_model = plain_copy(policy)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from tests.helpers import FaultyEnv, ScriptedModel, arm_faulty_env, env_task
 from trine.explorer import Explorer
-from trine.types import Completion, SamplingParams, Task
 from trine.workflows import GridWorldWorkflow, StepWiseWorkflow
 from trine.workflows.envs import (
     EnvFailure,
@@ -23,38 +23,6 @@ from trine.workflows.envs import (
     episode_seed,
     make_env_pool,
 )
-
-
-class ScriptedModel:
-    """A rollout model whose reply is ``policy(observation)``; tokens are the text's bytes."""
-
-    def __init__(self, policy) -> None:
-        self.policy = policy
-        self.observations: list[str] = []
-
-    async def chat(self, messages, params) -> list[Completion]:
-        observation = messages[-1]["content"]
-        self.observations.append(observation)
-        await asyncio.sleep(0)  # let concurrent episodes interleave
-        text = self.policy(observation)
-        response = list(text.encode()) or [0]
-        return [
-            Completion(list(observation.encode())[:64] or [0], response, [-0.5] * len(response), text, "stop")
-        ]
-
-    async def generate(self, prompt_ids, params) -> list[Completion]:
-        raise NotImplementedError
-
-
-def make_task(task_id: str = "t/0", repeat: int = 1, **raw) -> Task:
-    return Task(
-        task_id=task_id,
-        question="play",
-        raw={"question": "play", **raw},
-        workflow="step_wise",
-        repeat=repeat,
-        sampling=SamplingParams(temperature=1.0, max_tokens=8),
-    )
 
 
 class HigherLower:
@@ -102,7 +70,7 @@ def bisect_policy():
 def test_a_gymnasium_style_class_plugs_in_by_import_path_and_is_seeded_by_the_task():
     model = ScriptedModel(bisect_policy())
     workflow = StepWiseWorkflow(env=f"{__name__}:HigherLower", env_args={"limit": 10}, option_keys=["level"])
-    exps = asyncio.run(workflow.run(make_task(seed=42, level=3), model))
+    exps = asyncio.run(workflow.run(env_task(seed=42, level=3), model))
     assert model.observations[0] == "Guess a number from 0 to 99."
     assert [e.info["response"] for e in exps] == ["49", "24", "36", "42"]  # the secret is the row's seed
     assert [e.reward for e in exps] == [0.0, 0.0, 0.0, 1.0] and exps[-1].info["last_step"]
@@ -118,16 +86,16 @@ def test_a_gymnasium_style_class_plugs_in_by_import_path_and_is_seeded_by_the_ta
 
 
 def test_episode_seeds_come_from_the_row_or_the_task_id_and_are_stable():
-    assert episode_seed(make_task(seed=7)) == 7 == episode_seed(make_task(seed=7), rollout=3)
-    a, b = episode_seed(make_task("set/1")), episode_seed(make_task("set/2"))
-    assert a != b and a == episode_seed(make_task("set/1")) == 914184342  # the same in any process
-    per = {episode_seed(make_task(seed=7), rollout=i, per_rollout=True) for i in range(4)}
+    assert episode_seed(env_task(seed=7)) == 7 == episode_seed(env_task(seed=7), rollout=3)
+    a, b = episode_seed(env_task("set/1")), episode_seed(env_task("set/2"))
+    assert a != b and a == episode_seed(env_task("set/1")) == 914184342  # the same in any process
+    per = {episode_seed(env_task(seed=7), rollout=i, per_rollout=True) for i in range(4)}
     assert len(per) == 4 and 7 not in per
 
     def secrets(**workflow_args) -> list[int]:
         model = ScriptedModel(lambda observation: "0")
         workflow = StepWiseWorkflow(env=HigherLower, env_args={"limit": 1}, **workflow_args)
-        exps = asyncio.run(workflow.run(make_task("set/1", repeat=4), model))
+        exps = asyncio.run(workflow.run(env_task("set/1", repeat=4), model))
         return [int(e.info["env_info"]["secret"]) for e in exps]
 
     assert secrets() == [914184342 % 100] * 4  # no row seed: the task id's, shared by the group
@@ -168,7 +136,7 @@ def test_the_grid_world_workflow_reuses_pooled_environments_with_identical_rollo
         exps = [
             e
             for i, row in enumerate(rows)
-            for e in asyncio.run(workflow.run(make_task(f"g/{i}", 2, **row), model))
+            for e in asyncio.run(workflow.run(env_task(f"g/{i}", 2, **row), model))
         ]
         return workflow, [(e.info["env_state_hash"], e.reward, e.info["response"]) for e in exps]
 
@@ -192,11 +160,11 @@ def test_a_non_text_observation_needs_text_of_and_actions_may_be_mapped():
 
     model = ScriptedModel(lambda observation: "plus two")
     with pytest.raises(EnvFailure, match=r"reset\(\) returned an observation of type int .*text_of="):
-        asyncio.run(StepWiseWorkflow(env=Counter).run(make_task(), model))
+        asyncio.run(StepWiseWorkflow(env=Counter).run(env_task(), model))
     workflow = StepWiseWorkflow(
         env=Counter, text_of=lambda obs, info: f"at {obs}", action_of=lambda text: 2 if "two" in text else 1
     )
-    exps = asyncio.run(workflow.run(make_task(), model))
+    exps = asyncio.run(workflow.run(env_task(), model))
     assert model.observations[-2:] == ["at 0", "at 2"] and [e.reward for e in exps] == [0.0, 1.0]
     with pytest.raises(ValueError, match="text_of='nowhere:render' could not be imported"):
         StepWiseWorkflow(env=Counter, text_of="nowhere:render")
@@ -211,7 +179,7 @@ def test_n_episodes_with_pool_size_k_build_at_most_k_environments():
     model = ScriptedModel(lambda observation: "50")
 
     async def many():
-        return await asyncio.gather(*(workflow.run(make_task(f"t/{i}", 3, seed=i), model) for i in range(4)))
+        return await asyncio.gather(*(workflow.run(env_task(f"t/{i}", 3, seed=i), model) for i in range(4)))
 
     results = asyncio.run(many())
     assert sum(len(r) for r in results) == 12 * 3  # 12 episodes of 3 steps (50 is no secret here)
@@ -222,7 +190,7 @@ def test_n_episodes_with_pool_size_k_build_at_most_k_environments():
 
     HigherLower.built = HigherLower.closed = 0
     unpooled = StepWiseWorkflow(env=HigherLower, env_args={"limit": 3})
-    asyncio.run(unpooled.run(make_task(repeat=3, seed=1), model))
+    asyncio.run(unpooled.run(env_task(repeat=3, seed=1), model))
     assert HigherLower.built == 3 and HigherLower.closed == 3  # one per episode, closed after it
 
 
@@ -233,7 +201,7 @@ def test_a_full_pool_makes_episodes_wait_and_a_cancelled_wait_frees_its_turn():
     async def hold(name: str, seconds: float) -> None:
         async with pool.lease() as env:
             order.append(f"{name}+")
-            await env.reset(make_task(seed=1))
+            await env.reset(env_task(seed=1))
             await asyncio.sleep(seconds)
             order.append(f"{name}-")
 
@@ -255,55 +223,17 @@ def test_a_full_pool_makes_episodes_wait_and_a_cancelled_wait_frees_its_turn():
 
 
 # ------------------------------------------------------------------------------------------- faults
-
-
-class Faulty:
-    """A Gymnasium-style env that raises or hangs at a chosen call of its first episode only."""
-
-    built = 0
-    closed = 0
-    plan: dict[str, object] = {}
-
-    def __init__(self) -> None:
-        type(self).built += 1
-        self.first = type(self).built == 1
-        self.turns = 0
-
-    def _maybe_fail(self, call: str) -> None:
-        if self.first and self.plan.get("call") == call and self.plan.get("at", 0) == self.turns:
-            if self.plan.get("mode") == "hang":
-                time.sleep(float(self.plan.get("seconds", 3.0)))
-            elif self.plan.get("mode") == "own_timeout":
-                raise TimeoutError("the simulator's own clock ran out")
-            else:
-                raise ConnectionError(f"simulator lost during {call}")
-
-    def reset(self, *, seed=None, options=None):
-        self.turns = 0
-        self._maybe_fail("reset")
-        return "go", {}
-
-    def step(self, action: str):
-        self._maybe_fail("step")
-        self.turns += 1
-        return f"turn {self.turns}", 0.5, self.turns >= 4, False, {}
-
-    def close(self) -> None:
-        type(self).closed += 1
-
-
-def faulty(**plan) -> None:
-    Faulty.built, Faulty.closed, Faulty.plan = 0, 0, plan
+# (FaultyEnv raises or hangs where arm_faulty_env says: tests/helpers.py)
 
 
 def test_a_step_that_raises_ends_the_episode_with_its_steps_and_the_env_is_not_reused():
-    faulty(call="step", at=2)
-    workflow = StepWiseWorkflow(env=Faulty, pool_size=1)
+    arm_faulty_env(call="step", at=2)
+    workflow = StepWiseWorkflow(env=FaultyEnv, pool_size=1)
     model = ScriptedModel(lambda observation: "act")
 
     async def two_tasks():
-        broken = await workflow.run(make_task(), model)
-        healthy = await workflow.run(make_task(), model)
+        broken = await workflow.run(env_task(), model)
+        healthy = await workflow.run(env_task(), model)
         await workflow.aclose()
         return broken, healthy
 
@@ -312,16 +242,16 @@ def test_a_step_that_raises_ends_the_episode_with_its_steps_and_the_env_is_not_r
     assert {e.status for e in broken} == {"env_error"}
     assert "step raised ConnectionError: simulator lost during step" in broken[0].info["status_reason"]
     assert len(healthy) == 4 and {e.status for e in healthy} == {"ok"}
-    assert Faulty.built == 2  # the faulty env was discarded and a new one built
+    assert FaultyEnv.built == 2  # the faulty env was discarded and a new one built
     assert workflow.envs.discarded == 1 and workflow.envs.built == 2 and workflow.envs.reused == 0
-    assert Faulty.closed == 2  # the faulty one when discarded, the healthy one by aclose()
+    assert FaultyEnv.closed == 2  # the faulty one when discarded, the healthy one by aclose()
 
 
 def test_a_hanging_step_times_out_with_status_timeout_without_stalling_the_episode():
-    faulty(call="step", at=1, mode="hang", seconds=3.0)
-    workflow = StepWiseWorkflow(env=Faulty, pool_size=2, env_timeout=0.3)
+    arm_faulty_env(call="step", at=1, mode="hang", seconds=3.0)
+    workflow = StepWiseWorkflow(env=FaultyEnv, pool_size=2, env_timeout=0.3)
     start = time.monotonic()
-    exps = asyncio.run(workflow.run(make_task(), ScriptedModel(lambda observation: "act")))
+    exps = asyncio.run(workflow.run(env_task(), ScriptedModel(lambda observation: "act")))
     assert time.monotonic() - start < 2.0
     assert len(exps) == 1 and exps[0].status == "timeout" and exps[0].reward == 0.5
     assert "did not return within 0.3s" in exps[0].info["status_reason"]
@@ -329,9 +259,9 @@ def test_a_hanging_step_times_out_with_status_timeout_without_stalling_the_episo
 
 
 def test_a_timeout_error_raised_by_the_env_itself_is_an_env_error_not_the_bound():
-    faulty(call="step", at=1, mode="own_timeout")
+    arm_faulty_env(call="step", at=1, mode="own_timeout")
     exps = asyncio.run(
-        StepWiseWorkflow(env=Faulty).run(make_task(), ScriptedModel(lambda observation: "act"))
+        StepWiseWorkflow(env=FaultyEnv).run(env_task(), ScriptedModel(lambda observation: "act"))
     )
     assert len(exps) == 1 and exps[0].status == "env_error"
     assert "step raised TimeoutError: the simulator's own clock ran out" in exps[0].info["status_reason"]
@@ -339,24 +269,24 @@ def test_a_timeout_error_raised_by_the_env_itself_is_an_env_error_not_the_bound(
 
 @pytest.mark.parametrize(("call", "at"), [("reset", 0), ("step", 0)])
 def test_a_failure_before_any_step_raises_so_the_explorer_counts_it(call, at):
-    faulty(call=call, at=at)
-    workflow = StepWiseWorkflow(env=Faulty)
+    arm_faulty_env(call=call, at=at)
+    workflow = StepWiseWorkflow(env=FaultyEnv)
 
     async def failing():
         try:
-            await workflow.run(make_task(repeat=3), ScriptedModel(lambda observation: "act"))
+            await workflow.run(env_task(repeat=3), ScriptedModel(lambda observation: "act"))
         finally:
             await workflow.aclose()
 
     with pytest.raises(EnvFailure, match=f"{call} raised ConnectionError") as info:
         asyncio.run(failing())
     assert info.value.status == "env_error" and info.value.call == call
-    assert Faulty.built == Faulty.closed  # the failed env and the other episodes' envs were closed
+    assert FaultyEnv.built == FaultyEnv.closed  # the failed env and the other episodes' envs were closed
 
-    faulty(call=call, at=at)  # in the explorer: the first attempt fails, the retry succeeds
+    arm_faulty_env(call=call, at=at)  # in the explorer: the first attempt fails, the retry succeeds
     explorer = Explorer(ScriptedModel(lambda observation: "act"), timeout=5.0, max_retries=1)
-    task = make_task(repeat=2)
-    task.workflow_args = {"env": f"{__name__}:Faulty"}
+    task = env_task(repeat=2)
+    task.workflow_args = {"env": "tests.helpers:FaultyEnv"}
     try:
         exps, metrics = explorer.explore([task], batch_index=0, version=0)
     finally:
@@ -366,22 +296,22 @@ def test_a_failure_before_any_step_raises_so_the_explorer_counts_it(call, at):
 
 
 def test_a_hanging_reset_is_bounded_and_raises_a_timeout_failure():
-    faulty(call="reset", at=0, mode="hang", seconds=2.0)
-    workflow = StepWiseWorkflow(env=Faulty, env_timeout=0.2)
+    arm_faulty_env(call="reset", at=0, mode="hang", seconds=2.0)
+    workflow = StepWiseWorkflow(env=FaultyEnv, env_timeout=0.2)
     start = time.monotonic()
     with pytest.raises(EnvFailure, match="reset did not return within 0.2s") as info:
-        asyncio.run(workflow.run(make_task(), ScriptedModel(lambda observation: "act")))
+        asyncio.run(workflow.run(env_task(), ScriptedModel(lambda observation: "act")))
     assert info.value.status == "timeout" and time.monotonic() - start < 1.5
     assert not isinstance(info.value, TimeoutError)  # never taken for the explorer's own timeout
 
 
 def test_an_episode_cancelled_by_the_explorer_timeout_discards_its_pooled_env():
-    faulty(call="step", at=0, mode="hang", seconds=2.0)  # no env_timeout: the task timeout bounds it
+    arm_faulty_env(call="step", at=0, mode="hang", seconds=2.0)  # no env_timeout: the task timeout bounds it
     explorer = Explorer(
         ScriptedModel(lambda observation: "act"), timeout=0.3, max_retries=0, max_skip_ratio=1.0
     )
-    task = make_task()
-    task.workflow_args = {"env": f"{__name__}:Faulty", "pool_size": 1, "env_timeout": None}
+    task = env_task()
+    task.workflow_args = {"env": "tests.helpers:FaultyEnv", "pool_size": 1, "env_timeout": None}
     try:
         _, first = explorer.explore([task], batch_index=0, version=0)
         exps, second = explorer.explore([task], batch_index=1, version=0)

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.unit.workflows.test_envs import ScriptedModel, make_task
+from tests.helpers import ScriptedModel, env_task
 from trine.workflows import StepWiseWorkflow
 from trine.workflows.envs import TextArenaEnv, make_env_pool
 
@@ -83,7 +83,7 @@ def test_a_textarena_game_runs_in_the_step_wise_workflow_with_a_reused_pool():
 
     async def play():
         runs = [
-            await workflow.run(make_task(f"guess/{i}", 2, seed=i), ScriptedModel(guesser)) for i in range(3)
+            await workflow.run(env_task(f"guess/{i}", 2, seed=i), ScriptedModel(guesser)) for i in range(3)
         ]
         await workflow.aclose()
         return runs
@@ -125,9 +125,9 @@ def test_a_gymnasium_make_id_runs_with_text_of_and_action_of_import_paths():
         env_timeout=10.0,
     )
     model = ScriptedModel(lambda observation: next(route))
-    exps = asyncio.run(workflow.run(make_task(seed=0), model))
+    exps = asyncio.run(workflow.run(env_task(seed=0), model))
     assert model.observations[0] == "You are at row 0, column 0. Reply left, down, right or up."
     assert [e.reward for e in exps] == [0.0] * 5 + [1.0] and exps[-1].info["env_info"]["terminated"]
     assert exps[-1].info["success"] and {e.status for e in exps} == {"ok"}
     with pytest.raises(ValueError, match="'Frozen-v0' is not a registered gymnasium environment id"):
-        asyncio.run(make_env_pool("gym", {"env_id": "Frozen-v0"}).make().reset(make_task()))
+        asyncio.run(make_env_pool("gym", {"env_id": "Frozen-v0"}).make().reset(env_task()))

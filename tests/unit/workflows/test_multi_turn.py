@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.unit.workflows.test_envs import Faulty, faulty, make_task
+from tests.helpers import FaultyEnv, arm_faulty_env, env_task
 from trine.models import load_model
 from trine.models.engine import HFEngine
 from trine.types import Completion, SamplingParams
@@ -58,7 +58,7 @@ def test_guess_the_number_is_one_conversation_with_the_hints_masked(tokenizer):
     wf = MultiTurnWorkflow(
         env="textarena", env_args={"game": "GuessTheNumber-v0", "history": False}, max_steps=8
     )
-    exps = _play(wf, Conversational(tokenizer, binary_search), make_task("guess/3", 2, seed=3))
+    exps = _play(wf, Conversational(tokenizer, binary_search), env_task("guess/3", 2, seed=3))
     assert len(exps) == 2  # one experience per episode
     for e in exps:
         e.check()
@@ -75,7 +75,7 @@ def test_one_experience_per_turn_carries_step_rewards_and_states_for_gigpo(token
     wf = MultiTurnWorkflow(
         env="textarena", env_args={"game": "GuessTheNumber-v0", "history": False}, max_steps=8, output="turns"
     )
-    exps = _play(wf, Conversational(tokenizer, binary_search), make_task("guess/5", 1, seed=5))
+    exps = _play(wf, Conversational(tokenizer, binary_search), env_task("guess/5", 1, seed=5))
     assert [e.step for e in exps] == list(range(len(exps))) and len({e.run_id for e in exps}) == 1
     assert [e.reward for e in exps] == [0.0] * (len(exps) - 1) + [1.0]
     assert all(e.info["env_state_hash"] and e.info["episode_return"] == 1.0 for e in exps)
@@ -86,7 +86,7 @@ def test_one_experience_per_turn_carries_step_rewards_and_states_for_gigpo(token
 def test_a_real_engine_plays_the_grid_world_as_a_conversation(tiny_model_dir, tokenizer):
     engine = HFEngine(load_model(tiny_model_dir), tokenizer, seed=0)
     wf = MultiTurnWorkflow(env="grid_world", max_steps=4, max_tokens=400)
-    task = make_task("grid/0", 2, size=3, seed=1, holes=1, max_steps=4)
+    task = env_task("grid/0", 2, size=3, seed=1, holes=1, max_steps=4)
     task.sampling = SamplingParams(temperature=1.0, max_tokens=6)
     exps = _play(wf, engine, task)
     engine.close()
@@ -98,24 +98,24 @@ def test_a_real_engine_plays_the_grid_world_as_a_conversation(tiny_model_dir, to
 
 
 def test_an_environment_that_fails_mid_episode_ends_it_with_the_status(tokenizer):
-    faulty(call="step", at=2)
-    wf = MultiTurnWorkflow(env=Faulty, pool_size=1)
-    (exp,) = _play(wf, Conversational(tokenizer, lambda text: "act"), make_task())
+    arm_faulty_env(call="step", at=2)
+    wf = MultiTurnWorkflow(env=FaultyEnv, pool_size=1)
+    (exp,) = _play(wf, Conversational(tokenizer, lambda text: "act"), env_task())
     assert exp.status == "env_error" and "raised ConnectionError" in exp.info["status_reason"]
     assert exp.info["turns"] == 2  # the turn the environment never answered is not kept
-    faulty(call="step", at=0)
+    arm_faulty_env(call="step", at=0)
     with pytest.raises(Exception, match="raised ConnectionError"):  # no step at all: the explorer retries
-        _play(MultiTurnWorkflow(env=Faulty), Conversational(tokenizer, lambda text: "act"), make_task())
+        _play(MultiTurnWorkflow(env=FaultyEnv), Conversational(tokenizer, lambda text: "act"), env_task())
 
 
 def test_budget_and_turn_timeout_end_the_episode_without_raising(tokenizer):
     pytest.importorskip("textarena", reason="textarena is not installed (pip install 'trine[envs]')")
     args = {"env": "textarena", "env_args": {"game": "GuessTheNumber-v0", "history": False}}
     wf = MultiTurnWorkflow(**args, max_steps=8, max_tokens=420)
-    (exp,) = _play(wf, Conversational(tokenizer, lambda text: "[1]"), make_task("guess/7", 1, seed=7))
+    (exp,) = _play(wf, Conversational(tokenizer, lambda text: "[1]"), env_task("guess/7", 1, seed=7))
     assert exp.status == "truncated" and len(exp.tokens) <= 420 and exp.info["turns"] >= 1
     slow = MultiTurnWorkflow(**args, turn_timeout=0.2)
     with pytest.raises(RuntimeError, match="before its first turn: timeout"):
-        _play(slow, Conversational(tokenizer, binary_search, delay=3.0), make_task("guess/7", 1, seed=7))
+        _play(slow, Conversational(tokenizer, binary_search, delay=3.0), env_task("guess/7", 1, seed=7))
     with pytest.raises(ValueError, match="output='steps'"):
         MultiTurnWorkflow(**args, output="steps")
