@@ -5,9 +5,13 @@ Plain helpers (experience factories, config writers) are in :mod:`tests.helpers`
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: each worker (and its children) keeps to one OpenMP thread
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # two teams of two spin on two cores: many times slower
 
 from tests.helpers import GOOD_ROWS
 

@@ -100,7 +100,7 @@ def write_arithmetic_config(tmp_path: Path, model_dir: Path, name: str, *overrid
         "name": name,
         "run_dir": str(tmp_path / name),
         "seed": 0,
-        "num_threads": 2,
+        "num_threads": 1,
         "model": {"path": str(model_dir)},
         "tasks": {
             "batch_size": 4,
@@ -511,3 +511,21 @@ def serving(
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def shared_once(tmp_path_factory: Any, name: str, build: Callable[[Path], Path]) -> Path:
+    """``build(root)`` once per test session, also across pytest-xdist workers: the first worker builds it
+    in a directory every worker sees while holding a file lock, the others wait and reuse what it built
+    (``build`` returns the path to reuse; it is written into ``<root>/done``)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root = shared / f"shared-{name}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(shared / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = root / "done"
+        if not done.is_file():
+            done.write_text(str(build(root)))
+        return Path(done.read_text())

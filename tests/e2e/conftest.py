@@ -32,27 +32,32 @@ def arithmetic_config(tmp_path, tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def sft_start(tmp_path_factory):
-    """tiny-1m after the main job's SFT warm-up (200 steps): ~20-30% avg@8, room to learn."""
-    from trine.config import load_config
-    from trine.loop import run
+    """tiny-1m after the main job's SFT warm-up (200 steps at a constant 3e-3): ~20-30% avg@8, room to
+    learn. Trained once per session, also when pytest-xdist runs the tests in several workers."""
+    from tests.helpers import shared_once
 
-    root = tmp_path_factory.mktemp("sft-start")
-    cfg = {
-        "name": "sft",
-        "run_dir": str(root / "run"),
-        "seed": 0,
-        "num_threads": 2,
-        "mode": "train",
-        "model": {"path": str(root / "model"), "init_preset": "tiny-1m"},
-        "algorithm": {"name": "sft"},
-        "tasks": {
-            "batch_size": 16,
-            "total_steps": 200,
-            "train": {"path": str(EXAMPLE / "data" / "train.jsonl")},
-        },
-        "trainer": {"lr": 3e-3},
-        "eval": {"at_start": False},
-        "monitor": {"sinks": ["jsonl"], "plot": False},
-    }
-    run(load_config(write_config(root / "sft.yaml", cfg)))
-    return root / "run" / "checkpoints" / "step_200"
+    def train(root: Path) -> Path:
+        from trine.config import load_config
+        from trine.loop import run
+
+        cfg = {
+            "name": "sft",
+            "run_dir": str(root / "run"),
+            "seed": 0,
+            "num_threads": 1,
+            "mode": "train",
+            "model": {"path": str(root / "model"), "init_preset": "tiny-1m"},
+            "algorithm": {"name": "sft"},
+            "tasks": {
+                "batch_size": 16,
+                "total_steps": 200,
+                "train": {"path": str(EXAMPLE / "data" / "train.jsonl")},
+            },
+            "trainer": {"lr": 3e-3},
+            "eval": {"at_start": False},
+            "monitor": {"sinks": ["jsonl"], "plot": False},
+        }
+        run(load_config(write_config(root / "sft.yaml", cfg)))
+        return root / "run" / "checkpoints" / "step_200"
+
+    return shared_once(tmp_path_factory, "sft-start", train)

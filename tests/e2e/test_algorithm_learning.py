@@ -52,8 +52,8 @@ def _lift(run_dir: Path) -> tuple[float, float]:
 
 
 def _rl(arithmetic_config, tmp_path, start, name: str, steps: int = 60, seed: int = 0, **algorithm):
-    """One run in this process (two torch threads, as measured); returns ``_lift`` of it."""
-    run(load_config(_config(arithmetic_config, start, name, steps, seed, 2, **algorithm)))
+    """One run in this process (one torch thread); returns ``_lift`` of it."""
+    run(load_config(_config(arithmetic_config, start, name, steps, seed, 1, **algorithm)))
     return _lift(tmp_path / (name if seed == 0 else f"{name}-seed{seed}"))
 
 

@@ -3,11 +3,17 @@ sync; the staleness bound holds; the run ends when the tasks run out; explorer f
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from tests.helpers import EXAMPLE, read_metrics, write_arithmetic_config
 from trine.config import load_config, validate_dict
 from trine.loop import run
+
+HERE = "tests.e2e.test_async_mode"
+"""This module's import path: runs import its workflow classes by it (pytest imports the file under another
+name, so class attributes are set on that module)."""
 
 
 def _config(tmp_path, model_dir, name="async", **extra):
@@ -111,9 +117,18 @@ def test_a_stopped_async_run_resumes_with_the_tasks_it_had_in_flight(tmp_path, t
 
     from trine.trainer.checkpoint import list_checkpoints
 
+    slow = importlib.import_module(HERE).SlowForOneTask  # the class the run imports by its path
+    slow.started, slow.delay = (
+        0,
+        60.0,
+    )  # its first task is still running at step 3, whatever the machine's load
     over = {"trainer": {"save_every": 2}, "explorer": {"oversample": 2.0}, "buffer": {"max_staleness": None}}
-    cfg = _config(tmp_path, tiny_model_dir, **over)  # unpaced: tasks are always in flight
-    run(load_config(cfg, ["stop_after_steps=3"]))
+    train = {"workflow": f"{HERE}:SlowForOneTask"}
+    cfg = _config(tmp_path, tiny_model_dir, tasks={"total_steps": 6, "train": train}, **over)  # unpaced
+    try:
+        run(load_config(cfg, ["stop_after_steps=3"]))  # stops at step 3, the slow task in flight
+    finally:
+        slow.delay = 3.0
     (checkpoint,) = list_checkpoints(tmp_path / "async" / "checkpoints")[-1:]
     state = torch.load(checkpoint / "loop_state.pt", weights_only=False)["explorer"]
     assert state["unfinished"] and all(
@@ -128,6 +143,7 @@ class SlowForOneTask:
     """Single-turn, but the first task it runs takes 3 s more (a long tail)."""
 
     started = 0
+    delay = 3.0
 
     def __init__(self, reward=None, **kwargs):
         from trine.workflows import SingleTurnWorkflow
@@ -139,13 +155,13 @@ class SlowForOneTask:
 
         SlowForOneTask.started += 1
         if SlowForOneTask.started == 1:
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(SlowForOneTask.delay)
         return await self.inner.run(task, model)
 
 
 def test_tail_batch_defers_a_slow_task_instead_of_holding_batches(tmp_path, tiny_model_dir):
-    SlowForOneTask.started = 0
-    train = {"workflow": "tests.e2e.test_async_mode:SlowForOneTask"}
+    importlib.import_module(HERE).SlowForOneTask.started = 0  # the class the run imports by its path
+    train = {"workflow": f"{HERE}:SlowForOneTask"}
     over = {"tasks": {"total_steps": 4, "train": train}, "buffer": {"max_staleness": None}}
     cfg = _config(tmp_path, tiny_model_dir, name="tail", explorer={"tail_seconds": 0.3}, **over)
     run(load_config(cfg))

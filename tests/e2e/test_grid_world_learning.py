@@ -47,7 +47,7 @@ def warm_start(tmp_path_factory):
         "name": "warm",
         "run_dir": str(root / "run"),
         "seed": 0,
-        "num_threads": 2,
+        "num_threads": 1,
         "mode": "train",
         "model": {"path": str(root / "model"), "init_preset": "tiny-1m"},
         "algorithm": {"name": "sft"},
@@ -70,7 +70,7 @@ def test_step_wise_preset_lifts_grid_world_success(preset, warm_start, tmp_path)
         "name": preset,
         "run_dir": str(tmp_path / preset),
         "seed": 0,
-        "num_threads": 2,
+        "num_threads": 1,
         "model": {"path": str(warm_start)},
         # length_balance: each run counts as one episode (without it, longer failed runs outvote
         # the successful ones and multi_step_grpo's entropy climbs for the first ~20 steps)
