@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n 2`: each worker (and its children) keeps to one OpenMP thread
+if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist: each worker (and its children) keeps to one OpenMP thread
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # two teams of two spin on two cores: many times slower
 
 from tests.helpers import GOOD_ROWS
