@@ -33,11 +33,10 @@ PACKAGE = Path(trine.__file__).resolve().parent
 STAGES = {"workflows", "buffer", "trainer", "sync", "tasks", "explorer", "rewards", "monitor"}
 MEETS = {
     "explorer": {"workflows", "tasks", "rewards", "buffer", "sync"},
-    "trainer": {"algorithms", "buffer", "sync", "tasks"},
+    "trainer": {"algorithms", "buffer", "sync"},
 }
 """Where the two sides meet (DESIGN §2): the explorer side may use workflows, tasks, rewards and the buffer
-and sync protocols; the trainer side the ``algorithms`` library, the buffer and sync protocols and (mode
-``train``'s sources) a task scheduler."""
+and sync protocols; the trainer side the ``algorithms`` library and the buffer and sync protocols."""
 BASE = {
     "types",
     "config",

@@ -8,17 +8,27 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from trine.types import Experience, Task
 
+
+class Rows(Protocol):
+    """Where a supervised source draws its tasks from (a :class:`trine.tasks.TaskScheduler`, handed in by the
+    wiring): the next ``n`` tasks, and its cursor for checkpoints."""
+
+    def next_batch(self, n: int) -> list[Task]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 if TYPE_CHECKING:
     from trine.buffer import Buffer
-    from trine.tasks import TaskScheduler
-    from trine.trainer.sources import Source
 
 
 @dataclass
 class SupervisedSource:
     """``mode: train``: batches of supervised rows or preference pairs made from the taskset's rows."""
 
-    scheduler: TaskScheduler
+    scheduler: Rows
     batch_size: int
     make: Callable[[list[Task]], list[Experience]]
     """:func:`~trine.tasks.supervised.sft_experiences` or ``preference_experiences`` with their keys."""
