@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -181,6 +182,22 @@ def trine(*args: str, **kwargs: Any) -> subprocess.Popen:
         preexec_fn=_default_signals,
         **kwargs,
     )
+
+
+def served_url(server: subprocess.Popen, lines: list[str] | None = None, limit: float = 120.0) -> str:
+    """The URL a ``trine serve`` child process (:func:`trine`) prints once it listens; each line it printed
+    before is appended to ``lines``. Kills the server and names what it printed when it never says."""
+    seen = [] if lines is None else lines
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        line = server.stdout.readline()
+        if not line and server.poll() is not None:
+            raise AssertionError(f"trine serve exited {server.returncode}: {''.join(seen)}")
+        seen.append(line)
+        if found := re.search(r"listening on (http://\S+)", line):
+            return found.group(1)
+    server.kill()
+    raise AssertionError(f"trine serve did not say where it listens: {''.join(seen)}")
 
 
 def trine_run(config: Path, plugin: Path, timeout: float = 240) -> tuple[subprocess.CompletedProcess, float]:

@@ -9,6 +9,7 @@ logging, and the run's status.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -18,7 +19,7 @@ from trine.inspect import preflight
 from trine.monitor.summary import track_step
 from trine.rundir import RunDir
 from trine.stage import Stage
-from trine.status import check_stop
+from trine.status import at_step_boundaries, check_stop, stop_requested, stopping
 from trine.trainer.ranks import rank_stages
 
 
@@ -51,7 +52,8 @@ def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[
             if stage.step < stage.total_steps or (limit and rd.step >= limit and index < len(stages) - 1):
                 return rd.finish("stopped")  # run again to continue
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM under `trine run` (status.Terminated)
-        rd.interrupted(type(err).__name__)
+        note = getattr(err, "stop_note", "mid-step: the newest checkpoint is where it resumes")
+        rd.interrupted(f"{type(err).__name__} {note}")
         raise
     except BaseException as err:
         rd.fail(err)
@@ -60,32 +62,58 @@ def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[
 
 
 def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
-    """Drive one stage's steps: log each, evaluate and checkpoint when due."""
+    """Drive one stage's steps: log each, evaluate and checkpoint when due. A stop signal (Ctrl-C, SIGTERM)
+    ends the stage at the next step boundary with a checkpoint of that step (:func:`_stop_here`)."""
     cfg = st.cfg
     record = rd.summary["stages"].setdefault(cfg.stage, {"seconds": 0.0})
-    if st.step == 0 and cfg.eval.at_start and st.evaluator:
-        print(f"[{cfg.stage}] evaluating step {rd.step} on {st.evaluator.plan()} ...", flush=True)
-        record["eval_start"] = st.evaluator.evaluate(rd.step, rd.monitor)
-        rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
-    tick = time.perf_counter()
-    for metrics in modes.steps(st):
-        rd.step, st.step = rd.step + 1, st.step + 1
-        last = st.step >= st.total_steps
-        stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
-        if st.evaluator and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
-            record["eval_end"] = st.evaluator.evaluate(rd.step, rd.monitor)
-            metrics.update(record["eval_end"])
-        now = time.perf_counter()
-        metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
-        record["seconds"] += now - tick
-        track_step(record, metrics, st.total_steps)
-        if getattr(st.source, "ended", None):  # a buffer source ran dry (tasks.source: buffer)
-            record["ended"] = st.source.ended
-        rd.monitor.log(metrics, rd.step)
-        rd.beat()
-        check_stop()  # before the checkpoint: a stopped run resumes from the one before
-        if last or stop or (cfg.trainer.save_every and st.step % cfg.trainer.save_every == 0):
-            rd.save(st, index, done=last)
-        if stop and not last:
-            break
+    saved = st.step  # the stage's step of the newest checkpoint (this stage's start, or where it resumed)
+    with at_step_boundaries(), contextlib.closing(modes.steps(st)) as steps:
+        if st.step == 0 and cfg.eval.at_start and st.evaluator:
+            print(f"[{cfg.stage}] evaluating step {rd.step} on {st.evaluator.plan()} ...", flush=True)
+            record["eval_start"] = st.evaluator.evaluate(rd.step, rd.monitor)
+            rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
+        if stop_requested():
+            _stop_here(st, index, rd, saved)
         tick = time.perf_counter()
+        for metrics in steps:
+            rd.step, st.step = rd.step + 1, st.step + 1
+            last = st.step >= st.total_steps
+            stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
+            if st.evaluator and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
+                record["eval_end"] = st.evaluator.evaluate(rd.step, rd.monitor)
+                metrics.update(record["eval_end"])
+            now = time.perf_counter()
+            metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
+            record["seconds"] += now - tick
+            track_step(record, metrics, st.total_steps)
+            if getattr(st.source, "ended", None):  # a buffer source ran dry (tasks.source: buffer)
+                record["ended"] = st.source.ended
+            rd.monitor.log(metrics, rd.step)
+            rd.beat()
+            if last or stop or (cfg.trainer.save_every and st.step % cfg.trainer.save_every == 0):
+                rd.save(st, index, done=last)
+                saved = st.step
+            if stop_requested():
+                _stop_here(st, index, rd, saved)
+            if stop and not last:
+                break
+            tick = time.perf_counter()
+        if stop_requested():  # the mode stopped waiting for a batch
+            _stop_here(st, index, rd, saved)
+
+
+def _stop_here(st: Stage, index: int, rd: RunDir, saved: int) -> None:
+    """A stop signal was received: checkpoint the step the stage is at (unless it is the newest
+    checkpoint), then raise the stop (exit 130 / 143; the same command resumes from this step)."""
+    stopping()
+    if st.step != saved:
+        rd.save(st, index, done=st.step >= st.total_steps)
+        note = f"at step {rd.step}, checkpoint written"
+    else:
+        note = f"at step {rd.step}, its checkpoint already written" if rd.step else "before the first step"
+    print(f"[{st.cfg.stage}] stopped {note}; run the same command again to resume", flush=True)
+    try:
+        check_stop()
+    except KeyboardInterrupt as err:
+        err.stop_note = note  # type: ignore[attr-defined]
+        raise

@@ -49,10 +49,14 @@ class Stage:
         return self.__dict__.setdefault("_gate", threading.Lock())
 
     def close(self) -> None:
-        """Release what the stage's workflows hold (MCP servers, environment pools) once it is done."""
+        """Release what the stage's workflows hold (MCP servers, environment pools) and its rollout engines
+        (their worker threads) once it is done: nothing of a stage outlives it."""
         explorers = [side.explorer for side in (self.explorer, self.evaluator) if side is not None]
         for explorer in {id(e): e for e in explorers}.values():
             explorer.close_workflows()
+        engines = [e.model for e in explorers]  # each explorer's rollout engine
+        for engine in {id(e): e for e in engines}.values():
+            engine.close()
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs besides the trainer's weights and state (call with ``gate`` held)."""

@@ -4,7 +4,8 @@ A live run writes ``{"state": "running", "pid", "host", "started_at", "threads",
 refreshes ``heartbeat`` from a daemon thread every :data:`HEARTBEAT_SECONDS` (more often where
 ``sync.wait_timeout`` is short, :func:`beat_interval`), whatever the run is doing (a long step, an
 evaluation, a wait for batches), and ``step`` at every step; it ends with ``finished``, ``stopped``
-(``stop_after_steps`` or Ctrl-C, with a ``reason``) or ``failed`` (with the error). A run killed
+(``stop_after_steps``, or Ctrl-C / SIGTERM, with a ``reason``) or ``failed`` (with the error). Ctrl-C and
+SIGTERM stop a run at a step boundary with a checkpoint of that step (:func:`on_stop_signal`). A run killed
 outright (kill -9, out of memory, a lost machine) leaves ``running`` behind: :func:`describe` tells it
 from a live one by its pid (on the same host) and the age of its heartbeat. Every write replaces the
 file atomically, so a reader never sees half of it.
@@ -12,11 +13,13 @@ file atomically, so a reader never sees half of it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -147,19 +150,95 @@ class Terminated(KeyboardInterrupt):
     exit code 143."""
 
 
+STOP_GRACE_SECONDS = 60.0
+"""How long a stop waits for the step in progress to end (then it stops at once, without a checkpoint of
+that step: the run resumes from the one before)."""
+REPEAT_SECONDS = 2.0
+"""A stop signal this soon after the first is the same stop delivered twice (to the process group by the
+terminal and again by a launcher that forwards it), not a second one."""
+
 _stop: list[type[KeyboardInterrupt]] = []  # the stop signals received, in order
+_boundaries = threading.Event()  # set while a loop stops at step boundaries (:func:`at_step_boundaries`)
+_first_at = [0.0]  # time.monotonic() of the first stop signal
+_grace: list[threading.Timer] = []  # the running grace timer, if any
+_forced = threading.Event()  # set when the grace timer delivers the stop again
 
 
 def on_stop_signal(signum: int, frame: Any) -> None:
-    """Signal handler for SIGINT (``KeyboardInterrupt``) and SIGTERM (:class:`Terminated`): records the
-    stop and raises it at once. An exception raised from a signal handler lands wherever the main
-    thread is; if that place swallows it (a ``__del__``, a library's broad ``except``), the record
-    stays, and :func:`check_stop` raises it again at the run's next step boundary."""
+    """Signal handler for SIGINT (``KeyboardInterrupt``) and SIGTERM (:class:`Terminated`).
+
+    Inside :func:`at_step_boundaries` (the steps of a run) the first stop is only recorded: the loop
+    finishes the step in progress, writes a checkpoint at that step and raises it (:func:`check_stop`), so
+    that the same command resumes with no step lost or trained twice. If that step does not end within
+    :data:`STOP_GRACE_SECONDS`, or a second stop signal arrives (not within :data:`REPEAT_SECONDS`: that
+    is the same one twice), the stop is raised at once, without that checkpoint. Outside, it is recorded
+    and raised at once. An exception raised from a signal handler lands wherever the main thread is; if
+    that place swallows it (a ``__del__``, a library's broad ``except``), the record stays, and
+    :func:`check_stop` raises it again at the run's next step boundary."""
     import signal
 
+    now = time.monotonic()
+    if _stop and now - _first_at[0] < REPEAT_SECONDS and not _forced.is_set():
+        return  # the same stop, delivered twice
     kind = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
     _stop.append(kind)
+    if len(_stop) == 1:
+        _first_at[0] = now
+    if len(_stop) == 1 and _boundaries.is_set():
+        timer = threading.Timer(STOP_GRACE_SECONDS, _stop_now, args=(signum,))
+        timer.daemon = True
+        timer.start()
+        _grace.append(timer)
+        name = "SIGTERM" if kind is Terminated else "Ctrl-C"
+        again = "send SIGTERM again" if kind is Terminated else "press Ctrl-C again"
+        _say(
+            f"{name}: stopping after the step in progress, with a checkpoint (at most "
+            f"{STOP_GRACE_SECONDS:g}s; {again} to stop at once, resuming from the checkpoint before)"
+        )
+        return
     raise kind()
+
+
+def _stop_now(signum: int) -> None:
+    """The grace timer: deliver the stop signal again to the main thread, which then raises it."""
+    import signal
+
+    _say(
+        f"the step in progress did not end within {STOP_GRACE_SECONDS:g}s: stopping now, without its checkpoint"
+    )
+    _forced.set()
+    signal.pthread_kill(threading.main_thread().ident, signum)
+
+
+def _say(text: str) -> None:
+    """A line on stderr from a signal handler (``os.write``: never re-enters a buffered stream)."""
+    try:
+        os.write(2, f"{text}\n".encode())
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def at_step_boundaries() -> Iterator[None]:
+    """While the block runs, a first stop signal waits for the loop's next step boundary (see
+    :func:`on_stop_signal`); the loop asks :func:`stop_requested` there."""
+    _boundaries.set()
+    try:
+        yield
+    finally:
+        _boundaries.clear()
+        stopping()
+
+
+def stop_requested() -> bool:
+    """Whether a stop signal was received (the loop then checkpoints and calls :func:`check_stop`)."""
+    return bool(_stop)
+
+
+def stopping() -> None:
+    """The loop has reached its step boundary and is writing its checkpoint: the grace timer is off."""
+    while _grace:
+        _grace.pop().cancel()
 
 
 def check_stop() -> None:
@@ -171,4 +250,6 @@ def check_stop() -> None:
 
 def clear_stop() -> None:
     """Forget received stop signals (a command starting)."""
+    stopping()
     _stop.clear()
+    _forced.clear()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -22,6 +23,8 @@ def _stable(rows: list[dict]) -> list[dict]:
 def test_stop_and_resume_is_bit_identical(arithmetic_config, tmp_path):
     full = arithmetic_config({"trainer": {"save_every": 3}}, name="full")
     run(load_config(full))
+    left = [t.name for t in threading.enumerate() if t.name.startswith("trine-engine")]
+    assert not left, f"the rollout engine's worker outlived the run: {left}"  # issue 25 item 12
     reference = _stable(read_metrics(tmp_path / "full"))
     assert [r["step"] for r in reference] == [1, 2, 3, 4, 5, 6]
 

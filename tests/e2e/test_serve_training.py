@@ -7,16 +7,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import re
 import statistics
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import EXAMPLE, trine, write_config
+from tests.helpers import EXAMPLE, served_url, trine, write_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("fastapi", reason="trine serve needs the fastapi/uvicorn of the dev extra")
@@ -52,17 +49,6 @@ def _config(tmp_path: Path, model: Path) -> Path:
     return write_config(tmp_path / "serve.yaml", data)
 
 
-def _url(server: subprocess.Popen, limit: float = 120.0) -> str:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        line = server.stdout.readline()
-        if not line and server.poll() is not None:
-            raise AssertionError(f"trine serve exited {server.returncode}")
-        if found := re.search(r"listening on (http://\S+)", line):
-            return found.group(1)
-    raise AssertionError("trine serve did not say where it listens")
-
-
 def test_a_black_box_agent_learns_through_trine_serve_and_trine_train(sft_start, tmp_path):
     """The server starts first (serving the SFT start), then the trainer; the agent runs two rounds more
     than the trainer's steps, so no step waits for a round that never comes. Measured: see LIFT."""
@@ -70,7 +56,7 @@ def test_a_black_box_agent_learns_through_trine_serve_and_trine_train(sft_start,
     server = trine("serve", str(config))
     trainer = None
     try:
-        url = _url(server)
+        url = served_url(server)
         trainer = trine("train", str(config))
         args = argparse.Namespace(
             base_url=url,

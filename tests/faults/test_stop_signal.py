@@ -1,22 +1,42 @@
-"""A stop signal is never lost: SIGTERM raised into code that swallows it still stops the run.
+"""Ctrl-C and SIGTERM stop a run at a step boundary with a checkpoint of that step, and the same command
+resumes from it: no step lost, none trained twice (issue 25 item 9: "stopped (run the same command again to
+resume)" once lost 35 steps, because only ``trainer.save_every`` wrote checkpoints).
 
-A signal handler's exception lands wherever the main thread happens to be. If that place swallows it (a
-``__del__``, a library's ``except BaseException``), the run used to go on — or, in one CI run, to end as
-if its tasks had run out, ``stopped`` with exit code 0. :func:`trine.status.on_stop_signal` records each
-stop signal before raising it, and the loop raises a recorded one again at the next step boundary: the
-run ends ``stopped`` (reason ``Terminated``), exit code 143, and the same command resumes it.
+Real ``trine run`` processes get real signals after a few steps, with checkpoints due only every 1000 steps:
+mode sync, mode async with the explorer in a thread, and ``launch: processes`` (the launcher forwards the
+signal; the trainer process checkpoints). A stop signal is never lost either: one raised into code that
+swallows it (outside the steps, where it is raised at once) still stops the run at the next boundary.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import jsonl_rows, run_dir_of, run_status, step_metrics, trine_run
-from trine.status import Terminated, check_stop, clear_stop, on_stop_signal
+from tests.helpers import (
+    jsonl_rows,
+    run_dir_of,
+    run_status,
+    step_metrics,
+    trine,
+    trine_run,
+    write_arithmetic_config,
+)
+from trine.status import (
+    Terminated,
+    at_step_boundaries,
+    check_stop,
+    clear_stop,
+    on_stop_signal,
+    stop_requested,
+)
+from trine.trainer.checkpoint import list_checkpoints
 
 # A workflow that, at the first task of its second batch, sends SIGTERM to its own process and swallows the
 # Terminated the handler raises into it (as careless code would), then answers normally.
@@ -90,3 +110,142 @@ def test_check_stop_raises_what_the_handler_recorded():
     finally:
         signal.signal(signal.SIGTERM, previous)
         clear_stop()
+
+
+def test_inside_the_steps_a_first_stop_waits_for_the_boundary_and_a_second_one_does_not(monkeypatch):
+    import trine.status
+
+    clear_stop()
+    monkeypatch.setattr(trine.status, "REPEAT_SECONDS", 0.2)
+    previous = signal.signal(signal.SIGTERM, on_stop_signal)
+    try:
+        with at_step_boundaries():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler ran: recorded, not raised
+            assert stop_requested()
+            os.kill(os.getpid(), signal.SIGTERM)  # the same stop delivered again (a launcher forwarding it)
+            time.sleep(0.05)
+            time.sleep(0.2)
+            with pytest.raises(Terminated):  # a second stop: at once
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+        with pytest.raises(Terminated):
+            check_stop()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        clear_stop()
+
+
+def test_a_step_that_does_not_end_within_the_grace_is_stopped_at_once(monkeypatch):
+    import trine.status
+
+    clear_stop()
+    monkeypatch.setattr(trine.status, "STOP_GRACE_SECONDS", 0.3)
+    previous = signal.signal(signal.SIGINT, on_stop_signal)
+    try:
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt), at_step_boundaries():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)  # a step that never ends
+        assert time.monotonic() - start < 5
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        clear_stop()
+
+
+STEPS = 8
+SLOW = textwrap.dedent(
+    """
+    import asyncio
+
+    from trine.registry import register
+    from trine.workflows.single_turn import SingleTurnWorkflow
+
+
+    @register("workflow", "slow_single_turn")
+    class SlowSingleTurn(SingleTurnWorkflow):
+        async def run(self, task, model):
+            await asyncio.sleep(0.25)  # every step takes a while: a signal after step 2 lands mid-run
+            return await super().run(task, model)
+    """
+)
+MODES = {
+    "sync": {},
+    "async": {"mode": "async", "sync": {"wait_timeout": 60}},
+    "processes": {
+        "mode": "async",
+        "launch": "processes",
+        "buffer": {"storage": "sql", "max_staleness": 2},
+        "sync": {"wait_timeout": 60},
+    },
+}
+
+
+def _config(tmp_path: Path, model: Path, mode: str) -> Path:
+    small = {
+        "num_threads": 1,
+        "tasks": {
+            "batch_size": 2,
+            "total_steps": STEPS,
+            "train": {"repeat": 2, "workflow": "slow_single_turn"},
+        },
+        "trainer": {"save_every": 1000},  # no checkpoint is due before the end
+    }
+    return write_arithmetic_config(tmp_path, model, mode, small, MODES[mode])
+
+
+def _trained_steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in jsonl_rows(run_dir / "metrics.jsonl", missing_ok=True) if "trainer/loss" in r]
+
+
+def _stop_after(proc: subprocess.Popen, run_dir: Path, step: int, sig: int, limit: float = 240.0) -> str:
+    """Send ``sig`` to ``proc`` once the run has logged ``step``; its output once it has exited."""
+    deadline = time.monotonic() + limit
+    while len(_trained_steps(run_dir)) < step:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the run ended or stalled before step {step}:\n{proc.communicate()[0]}")
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=240)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "sig", "code"),
+    [
+        ("sync", signal.SIGTERM, 143),
+        ("sync", signal.SIGINT, 130),
+        ("async", signal.SIGTERM, 143),
+        ("async", signal.SIGINT, 130),
+        ("processes", signal.SIGTERM, 143),
+    ],
+)
+def test_a_stop_checkpoints_the_step_it_stops_at_and_the_run_resumes_there(
+    tmp_path, tiny_model_dir, mode, sig, code
+):
+    config = _config(tmp_path, tiny_model_dir, mode)
+    run_dir = run_dir_of(config)
+    plugin = tmp_path / "slow.py"
+    plugin.write_text(SLOW)
+    proc = trine("run", str(config), "--plugin", str(plugin))
+    out = _stop_after(proc, run_dir, 2, sig)
+    assert proc.returncode == code, out
+    stopped = _trained_steps(run_dir)
+    assert 2 <= len(stopped) < STEPS and stopped == list(range(1, len(stopped) + 1)), out
+    (checkpoint,) = list_checkpoints(run_dir / "checkpoints")  # save_every: 1000 wrote none
+    assert checkpoint.name == f"step_{stopped[-1]}", out  # the step it stopped at
+    assert f"stopped at step {stopped[-1]}, checkpoint written" in out
+    status = run_status(run_dir)
+    assert status["state"] == "stopped" and status["step"] == stopped[-1]
+    assert f"at step {stopped[-1]}, checkpoint written" in status["reason"]
+    assert "stopped (run the same command again to resume)" in out
+
+    again = trine("run", str(config), "--plugin", str(plugin))
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out
+    assert f"resuming from step {stopped[-1]}" in out
+    assert _trained_steps(run_dir) == list(range(1, STEPS + 1))  # none lost, none trained twice
+    assert not (run_dir / "metrics.jsonl.rewound").exists()  # nothing after the checkpoint was thrown away
+    assert run_status(run_dir)["state"] == "finished"

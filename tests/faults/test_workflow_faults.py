@@ -52,6 +52,13 @@ def fault_reward(response, task):
     return 1.0 if response.strip() == str(task.answer) else 0.0
 
 
+@register("reward", "grader")
+def grader(response, task, down: bool = False, points: int = 1):
+    if down:
+        raise ConnectionError("the grading service refused the connection")
+    return float(points) if response.strip() == str(task.answer) else 0.0
+
+
 @register("reward", "hang_first_six")
 def hang_first_six(response, task):
     with LOCK:
@@ -226,10 +233,50 @@ def test_a_run_where_every_task_fails_stops_with_the_reasons_and_exits_nonzero(f
     proc, seconds = trine_run(config, plugin)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert seconds < 120
-    assert "SkipRatioError: 8 of 8 tasks of the last 1 batch(es) were skipped" in proc.stderr
+    assert "SkipRatioError: 16 of 16 answers of the last 1 batch(es) failed" in proc.stderr
+    assert "8 of 8 tasks were skipped" in proc.stderr
     assert "error: 8 (e.g. task train/" in proc.stderr and "RuntimeError: injected fault" in proc.stderr
     assert "would keep the process alive: plugin-stuck-thread" in proc.stderr
     run_dir = run_dir_of(config)
     record = run_status(run_dir)
     assert record["state"] == "failed" and "explorer.max_skip_ratio=0.5" in record["error"]
     assert step_metrics(run_dir) == []  # not a single step was trained
+
+
+def test_a_reward_that_raises_on_every_call_stops_the_run_failed(fault_config, plugin):
+    """Issue 25 item 7: with a reward argument that makes every call raise, each step had 16/16 answers
+    ``reward_error`` and the run ended ``finished``, exit 0. Now failed answers count against
+    ``explorer.max_skip_ratio``: the run fails at its first batch, naming reward_error and an example."""
+    config = fault_config(
+        {"tasks": {"total_steps": 3, "train": {"reward": "grader", "reward_args": {"down": True}}}}
+    )
+    proc, seconds = trine_run(config, plugin)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert seconds < 120
+    assert "SkipRatioError: 16 of 16 answers of the last 1 batch(es) failed" in proc.stderr
+    assert "answers with status reward_error: 16 (e.g. task train/" in proc.stderr
+    assert "ConnectionError: the grading service refused the connection" in proc.stderr
+    run_dir = run_dir_of(config)
+    record = run_status(run_dir)
+    assert record["state"] == "failed" and "reward_error" in record["error"]
+    assert "explorer.max_skip_ratio=0.5" in record["error"]
+    assert step_metrics(run_dir) == []  # not a single step was trained
+
+
+def test_reward_args_of_the_wrong_type_fail_validate_all_at_once(fault_config, plugin):
+    """A reward argument of the wrong type (a quoted number, a string for a bool) and a misspelt one are
+    config errors of ``trine validate``, all in one run, before anything is written."""
+    from typer.testing import CliRunner
+
+    from trine.cli import app
+
+    args = {"down": "no", "points": "2", "pionts": 3}
+    config = fault_config({"tasks": {"train": {"reward": "grader", "reward_args": args}}})
+    result = CliRunner().invoke(app, ["validate", str(config), "--plugin", str(plugin)])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.stderr.split())
+    assert "train.reward_args['pionts'] is not an argument of reward 'grader'" in text
+    assert "train.reward_args['down']='no' (str) does not fit reward 'grader': expected bool" in text
+    assert "train.reward_args['points']='2' (str) does not fit reward 'grader': expected int" in text
+    assert "write it without quotes (2)" in text
+    assert not run_dir_of(config).exists()

@@ -25,6 +25,7 @@ from trine.buffer import sql_sampling as q
 from trine.buffer.base import BufferTimeout
 from trine.buffer.sampling import SamplingRules, batch_metrics
 from trine.buffer.sql_schema import (
+    DROPPED,
     PENDING,
     READY,
     ROLLED_BACK,
@@ -173,6 +174,9 @@ class SQLBuffer:
             table.metadata.create_all(write_engine)
             with write_engine.begin() as conn:
                 add_missing_columns(conn, table)
+                # an index added since older tables were made (create_all makes it with a new table only)
+                name = self.table_name
+                conn.execute(sa.text(f"CREATE INDEX IF NOT EXISTS ix_{name}_run ON {name} (run_id)"))
 
         try:
             self._retry(create, what="create the table")
@@ -418,6 +422,67 @@ class SQLBuffer:
 
     def __len__(self) -> int:
         return self._counts()["size"]
+
+    def find_runs(self, run_ids: list[str]) -> list[tuple[Experience, str]]:
+        """The rows whose ``run_id`` is one of ``run_ids`` (any state), oldest first, each with its state
+        (:mod:`trine.buffer.states`); ``trine serve`` finds a response's rows so after a restart."""
+        import sqlalchemy as sa
+
+        from trine.buffer.states import sql_state
+
+        read, _ = self._engines()
+        t = self._table
+
+        def select() -> list[Any]:
+            with read.connect() as conn:
+                return conn.execute(sa.select(t).where(t.c.run_id.in_(run_ids)).order_by(t.c.seq)).all()
+
+        rows = self._retry(select, what="find rows") if run_ids else []
+        return [
+            (row_to_experience(r), sql_state(r.reward_status, r.consumed_at, r.expired_at, r.reward))
+            for r in rows
+        ]
+
+    def drop_pending(
+        self,
+        *,
+        ids: list[str] | None = None,
+        older_than: float | None = None,
+        info: dict[str, str] | None = None,
+    ) -> list[tuple[str, str, float, dict[str, Any]]]:
+        """Drop the pending rows (awaiting a reward) that match every filter given: ``ids``, put more than
+        ``older_than`` seconds ago, ``info[key] == value`` for each of ``info`` (e.g. a ``session_id``).
+        They are marked as an expiry marks them (status ``dropped`` with ``expired_at``: state ``expired``),
+        never handed out. Returns ``(id, task_id, created_at, info)`` of each row dropped, oldest first."""
+        import sqlalchemy as sa
+
+        if ids is None and older_than is None and not info:
+            raise ValueError(
+                "drop_pending: give ids, older_than or info; dropping every pending row is refused."
+            )
+        _, write = self._engines()
+        t = self._table
+        where = [t.c.reward_status == PENDING]
+        if ids is not None:
+            where.append(t.c.id.in_(ids))
+        if older_than is not None:
+            where.append(t.c.created_at < self.clock() - older_than)
+        for key, value in (info or {}).items():
+            where.append(t.c.info[key].as_string() == value)
+
+        def drop() -> list[Any]:
+            with write.begin() as conn:
+                rows = conn.execute(
+                    sa.select(t.c.seq, t.c.id, t.c.task_id, t.c.created_at, t.c.info).where(*where)
+                ).all()
+                if rows:  # the same rows: the transaction holds the write lock (SQLite) or sees its snapshot
+                    stmt = sa.update(t).where(*where, t.c.seq <= max(r.seq for r in rows))
+                    conn.execute(stmt.values(reward_status=DROPPED, expired_at=self.clock()))
+                return sorted(rows, key=lambda r: r.seq)
+
+        rows = self._retry(drop, what="drop pending rows")
+        self._wake()
+        return [(r.id, r.task_id, r.created_at, dict(r.info or {})) for r in rows]
 
     def produced(self, producer: str) -> int:
         """How many batches ``producer`` has put: one more than its largest ``producer_batch`` (0: none)."""

@@ -143,6 +143,7 @@ def build_table(metadata: Any, name: str) -> Any:
         # get(): unconsumed rows of one status in seq order; set_rewards by (task_id, run_id).
         sa.Index(f"ix_{name}_claim", "reward_status", "consumed_at", "seq"),
         sa.Index(f"ix_{name}_task_run", "task_id", "run_id"),
+        sa.Index(f"ix_{name}_run", "run_id"),  # find_runs (trine serve: a response's rows)
         sa.Index(f"ix_{name}_group", "group_id"),
         sa.Index(f"ix_{name}_last_get", "last_get"),
         # the studio's experience browser (trine.studio.experience_sql): its filters and counts read

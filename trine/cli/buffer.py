@@ -1,4 +1,4 @@
-"""``trine buffer stats|head|export|import|reward RUN_DIR``: look into and feed a run's buffer.
+"""``trine buffer stats|head|export|import|reward|drop-pending RUN_DIR``: look into and feed a run's buffer.
 
 Every command opens the buffer the run opened: the ``buffer`` section of the run's resolved
 ``config.yaml`` through :func:`trine.buffer.open_buffer` (same storage, database, table, file). In a
@@ -209,6 +209,77 @@ def reward(
     typer.echo(f"filled {filled} of {len(updates)} rewards in {run_dir}")
     for line in unfilled_lines(before, filled):
         typer.echo(line)
+
+
+@buffer_app.command("drop-pending")
+def drop_pending(
+    run_dir: Path = RUN_DIR,
+    older_than: str = typer.Option(
+        None, "--older-than", help="Only rows put longer ago than this: 90s, 15m, 1h, 2d (or seconds)."
+    ),
+    session: str = typer.Option(None, "--session", help="Only rows of this trine serve session_id."),
+    ids: list[str] = typer.Option(None, "--id", help="Only this experience id (repeat for several)."),
+    stage: str = STAGE,
+) -> None:
+    """Drop experiences still waiting for a reward (state pending -> expired: never trained), chosen by
+    age, session or id (every filter given must match); prints each one dropped."""
+    import time
+
+    if older_than is None and session is None and not ids:
+        typer.secho(
+            "give --older-than, --session or --id: which pending rows to drop", fg=typer.colors.RED, err=True
+        )
+        raise typer.Exit(2)
+    try:
+        seconds = None if older_than is None else _seconds(older_than)
+    except ValueError as err:
+        typer.secho(str(err), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    buffer = _open(run_dir, stage)
+    try:
+        if not hasattr(buffer, "drop_pending"):
+            typer.secho(
+                f"drop-pending needs a SQL buffer; the run in {run_dir} stores its buffer as "
+                f"{type(buffer).__name__} (buffer.storage: sql keeps rows that can be dropped).",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(2)
+        dropped = buffer.drop_pending(
+            ids=ids or None, older_than=seconds, info=None if session is None else {"session_id": session}
+        )
+    finally:
+        buffer.close()
+    if not dropped:
+        typer.echo(f"no pending experience in {run_dir} matches; nothing dropped")
+        return
+    typer.echo(f"dropped {len(dropped)} pending experience(s) in {run_dir} (now expired, never trained):")
+    now = time.time()
+    for exp_id, task_id, created_at, info in dropped:
+        about = "".join(f"  {k}={info[k]}" for k in ("session_id", "response_id") if k in info)
+        typer.echo(f"  {exp_id}  put {_age(now - created_at)} ago  task_id={task_id}{about}")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _seconds(text: str) -> float:
+    """``90s``, ``15m``, ``1.5h``, ``2d`` or plain seconds, as seconds."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "s")
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"--older-than {text!r}: expected a duration such as 90s, 15m, 1h or 2d")
+    return value * _UNITS[unit]
+
+
+def _age(seconds: float) -> str:
+    for unit in ("d", "h", "m"):
+        if seconds >= _UNITS[unit]:
+            return f"{seconds / _UNITS[unit]:.1f}{unit}"
+    return f"{max(0.0, seconds):.0f}s"
 
 
 WHY_NOT_FILLED = {

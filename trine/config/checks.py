@@ -8,6 +8,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from trine import registry
+from trine.config.arguments import arguments_problems
 from trine.config.devices import loaded_dtype
 from trine.config.engines import VLLM_ENGINES, engine_problems
 
@@ -16,10 +17,10 @@ if TYPE_CHECKING:
 
 
 def argument_problems(tasks: TasksConfig, mode: str, algo: Any = None) -> list[str]:
-    """``workflow_args``/``reward_args`` that the workflow or reward does not take (misspelt names
-    would otherwise fail every task at run time). Only tasksets this mode runs workflows on are
-    checked: the explored ones in modes sync and async (with ``algo``'s rollout arguments, if given) and
-    eval sets."""
+    """``workflow_args``/``reward_args`` that the workflow or reward does not take, by name or by the type
+    of their value (:mod:`trine.config.arguments`; they would otherwise fail every task at run time).
+    Only tasksets this mode runs workflows on are checked: the explored ones in modes sync and async
+    (with ``algo``'s rollout arguments, if given) and eval sets."""
     tasksets = [] if algo else [(f"eval.{i}", ts, {}) for i, ts in enumerate(tasks.eval)]
     if mode != "train":
         extra = algo.rollout_args if algo else {}
@@ -36,22 +37,15 @@ def argument_problems(tasks: TasksConfig, mode: str, algo: Any = None) -> list[s
                 )
             )
             continue
-        workflow_given = _workflow_given(ts.workflow)
+        what = f"{key}.workflow_args"
+        found = arguments_problems(
+            "workflow", ts.workflow, ts.workflow_args, what, reward=None, **_workflow_given(ts.workflow)
+        )
+        problems += found or [_value_problems(ts.workflow, ts.workflow_args, what)]
         reward_given = _given("reward", ts.reward, "models")
-        problems += [
-            registry.check_arguments(
-                "workflow",
-                ts.workflow,
-                ts.workflow_args,
-                f"{key}.workflow_args",
-                reward=None,
-                **workflow_given,
-            )
-            or _value_problems(ts.workflow, ts.workflow_args, f"{key}.workflow_args"),
-            registry.check_arguments(
-                "reward", ts.reward, ts.reward_args, f"{key}.reward_args", "", None, **reward_given
-            ),
-        ]
+        problems += arguments_problems(
+            "reward", ts.reward, ts.reward_args, f"{key}.reward_args", "", None, **reward_given
+        )
     return [p for p in problems if p]
 
 

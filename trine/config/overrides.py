@@ -84,15 +84,45 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
             node = node[index]
 
 
+def _override_value(key: str, raw: str) -> Any:
+    """The YAML value of one ``key=raw`` override (``None`` when empty); a :class:`ConfigError` naming the
+    key when ``raw`` is not YAML."""
+    if not raw.strip():
+        return None
+    try:
+        return load_yaml(raw)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(
+            [
+                f"override {key}={raw!r}: the value is not YAML ({problem}); quote a string value "
+                f"({key}='\"...\"'), or write a list as [a, b] and a mapping as {{k: v}}"
+            ]
+        ) from None
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """``key.sub=value`` overrides as (key, YAML value) pairs; every malformed one in one :class:`ConfigError`."""
+    pairs, errors = [], []
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip():
+            errors.append(f"override {item!r} is not of the form key.sub=value")
+            continue
+        try:
+            pairs.append((key.strip(), _override_value(key.strip(), raw)))
+        except ConfigError as err:
+            errors.extend(err.errors)
+    if errors:
+        raise ConfigError(errors)
+    return pairs
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key.sub=value`` overrides (values parsed as YAML: numbers, bools, lists)."""
     data = copy.deepcopy(data)
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise ConfigError([f"override {o!r} is not of the form key.sub=value" for o in bad])
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        _set_dotted(data, key.strip(), load_yaml(raw) if raw.strip() else None)
+    for key, value in parse_overrides(overrides):
+        _set_dotted(data, key, value)
     return data
 
 
@@ -158,12 +188,10 @@ def shadowed_overrides(data: dict[str, Any], overrides: list[str]) -> list[str]:
     if not isinstance(stages, list) or not stages:
         return []
     errors = []
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        key = key.strip()
+    for item, (key, value) in zip(overrides, parse_overrides(overrides)):
+        raw = item.partition("=")[2]
         if key.split(".")[0] == "stages":
             continue
-        value = load_yaml(raw) if raw.strip() else None
         hiding = sorted(
             {
                 f"stages.{i}.{hit}"

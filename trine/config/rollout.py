@@ -364,11 +364,15 @@ class ExplorerConfig(Section):
     each in its own worker thread. A call abandoned by a timeout keeps its thread until it returns
     (counted in ``explorer/stuck_threads``) and a fresh worker takes its place."""
     max_skip_ratio: Annotated[float, Field(ge=0, le=1)] = 0.5
-    """Stop the run with an error naming the skip reasons when more than this share of the tasks of
-    the last 10 training batches of the stage (all of them, early on) were skipped; evaluation is
-    not counted. 1.0 turns the check off."""
+    """Stop the run (status ``failed``) with an error naming the reasons, with an example of each, when more
+    than this share of the answers of the last 10 training batches of the stage (all of them, early on)
+    failed: the ``repeat`` answers of each skipped task (its workflow raised, timed out or returned
+    nothing valid) and answers with a failure status (``reward_error``: the reward raised or timed out;
+    ``env_error``, ``tool_error``, ``timeout``), which are not trained on. Evaluation is not counted.
+    1.0 turns the check off."""
     warn_skip_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
-    """Log a warning with the skip reasons when one batch skips more than this share of its tasks."""
+    """Log a warning with the reasons when more than this share of one batch's answers failed (as
+    ``max_skip_ratio`` counts them)."""
     max_batch_size: Count = 256
     """Rows the rollout engine samples in one batch."""
     prefix_cache_tokens: NonNegInt = 32768

@@ -28,6 +28,10 @@ class ServeConfig(Section):
     """Requests that may wait for a generating slot; beyond that a request gets 429."""
     max_prompt_tokens: Count | None = None
     """Longest prompt after the chat template (None: the model's context length minus ``max_tokens``)."""
+    max_chars_per_token: Count = 32
+    """The cheap bound checked before tokenizing: a prompt whose text has more than ``max_prompt_tokens`` x
+    this many characters is refused at once (400), never tokenized. Real text averages 3-5 characters per
+    token; raise it only for data made of very long tokens (e.g. long runs of spaces)."""
     max_tokens: Count = 1024
     """Largest ``max_tokens`` a request may ask for."""
     default_max_tokens: Count = 256
@@ -40,6 +44,13 @@ class ServeConfig(Section):
     """How often the server looks for newer weights published by ``trine train``."""
     request_timeout: Positive = 600.0
     """Seconds one request may wait for the engine (and for a buffer write) before it gets 504."""
+    keep_alive_timeout: Positive = 30.0
+    """Seconds an idle HTTP keep-alive connection stays open (uvicorn's ``timeout_keep_alive``). Clients
+    reuse connections; uvicorn's default of 5 s closes one just as a client sends its next request on it,
+    which the client sees as a connection error."""
+    idempotency_keys: Count = 4096
+    """Answers to requests with an ``Idempotency-Key`` header kept in memory for retries (the oldest
+    forgotten first); a recorded call's answer is also found in the buffer after that, or after a restart."""
 
     @model_validator(mode="after")
     def _limits(self) -> ServeConfig:

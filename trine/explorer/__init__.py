@@ -1,6 +1,7 @@
 """The explorer side of the loop (DESIGN §1): tasks → workflows → experiences → buffer.
 
 - :mod:`~trine.explorer.runner`: :class:`Explorer` runs workflows concurrently (timeout, retry, skip);
+- :mod:`~trine.explorer.failures`: the failed-answer rule that stops a run (``max_skip_ratio``);
 - :mod:`~trine.explorer.side`: :class:`ExplorerSide`, the one produce pipeline (feedback → shaping →
   operators → expert rows → put) that batch producers and the stream both call;
 - :mod:`~trine.explorer.shaping`: DAPO dynamic sampling and overlong shaping;
@@ -15,7 +16,7 @@ from trine.registry import lazy_exports
 
 _EXPORTS = {
     "Explorer": "trine.explorer.runner",
-    "SkipRatioError": "trine.explorer.runner",
+    "SkipRatioError": "trine.explorer.failures",
     "rollout_returns": "trine.explorer.runner",
     "ExplorerSide": "trine.explorer.side",
     "ExpertRows": "trine.explorer.side",

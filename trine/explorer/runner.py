@@ -11,9 +11,10 @@ in the explorer's :class:`~trine.blocking.BlockingPool` (daemon threads; a stuck
 abandoned and replaced, ``explorer/stuck_threads``). A reward call past ``reward_timeout`` raises
 :class:`RewardTimeout` (``explorer/reward_timeouts``).
 
-When more than ``max_skip_ratio`` of the tasks of the last :data:`SKIP_WINDOW` training batches
-were skipped, :meth:`Explorer.explore_batches` raises :class:`SkipRatioError` naming the reasons;
-a batch that skips more than ``warn_skip_ratio`` is logged. Evaluation is not counted.
+When more than ``max_skip_ratio`` of the answers of the last training batches failed — those of
+skipped tasks, and answers with a failure status such as ``reward_error`` — the explorer raises
+:class:`~trine.explorer.failures.SkipRatioError` naming the reasons (:mod:`trine.explorer.failures`);
+a batch above ``warn_skip_ratio`` is logged. Evaluation is not counted.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import logging
 import math
 import statistics
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +35,12 @@ from typing import Any
 
 from trine import registry
 from trine.blocking import BlockingPool, CallTimeout, use_pool
+from trine.explorer.failures import FailureWindow
 from trine.models.auxiliary import AuxiliaryModels
 from trine.models.protocol import RolloutModel
 from trine.types import Experience, Task, new_id
 
 log = logging.getLogger("trine.explorer")
-
-SKIP_WINDOW = 10
-"""Training batches over which ``max_skip_ratio`` is measured (all batches so far, early on)."""
 
 
 class RewardTimeout(Exception):
@@ -55,10 +54,6 @@ class InvalidResult(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
-
-
-class SkipRatioError(RuntimeError):
-    """More than ``explorer.max_skip_ratio`` of the recent tasks were skipped: the run stops."""
 
 
 @dataclass
@@ -101,10 +96,8 @@ class Explorer:
         self.auxiliary = AuxiliaryModels(auxiliary_models or {}, self.loop)
         """Models workflows (``auxiliary_models=``) and rewards (``models=``) call by name."""
         self.pool = BlockingPool(blocking_threads, name="trine-blocking")
-        self.max_skip_ratio = max_skip_ratio
-        self.warn_skip_ratio = warn_skip_ratio
-        self._recent: deque[tuple[int, Counter]] = deque(maxlen=SKIP_WINDOW)
-        self._examples: dict[str, str] = {}
+        self.failures = FailureWindow(max_skip_ratio, warn_skip_ratio)
+        """The failed answers of the last training batches (``max_skip_ratio``, ``warn_skip_ratio``)."""
 
     # ------------------------------------------------------------------ public: blocking wrappers
     def explore(
@@ -179,7 +172,7 @@ class Explorer:
     ) -> tuple[list[Experience], dict[str, float]]:
         """Batch ``index`` from finished tasks ``(task, outcome, stats)`` (from :meth:`run_one` or a
         batch run), each sampled with weights ``versions[i]``: its experiences (ids, groups and versions
-        filled in), ``explorer/*`` metrics, the rollouts dump and the skip checks."""
+        filled in), ``explorer/*`` metrics, the rollouts dump and the failure rule (:attr:`failures`)."""
         tasks = [t for t, _, _ in done]
         mine = [o for _, o, _ in done]
         experiences: list[Experience] = []
@@ -201,7 +194,7 @@ class Explorer:
         metrics = self._metrics(experiences, mine, seconds)
         metrics["explorer/reward_timeouts"] = float(sum(s.reward_timeouts for _, _, s in done))
         metrics["explorer/stuck_threads"] = float(self.pool.stuck)
-        self._check_skips(tasks, mine, [s for _, _, s in done], index)
+        self.failures.add(tasks, mine, [s.detail for _, _, s in done], index)
         return experiences, metrics
 
     async def run_one(self, task: Task) -> tuple[Task, Any, Any]:
@@ -209,37 +202,6 @@ class Explorer:
         for :meth:`assemble`; for callers that form batches as tasks finish (a streaming explorer)."""
         stats = _TaskStats()
         return task, await self._run_task(task, stats), stats
-
-    def _check_skips(self, tasks: list[Task], outcomes: list, stats: list[_TaskStats], index: int) -> None:
-        """Warn about a batch that skipped many tasks; raise :class:`SkipRatioError` when too many of
-        the last :data:`SKIP_WINDOW` batches' tasks were skipped."""
-        reasons: Counter = Counter()
-        for task, (_, _, reason), s in zip(tasks, outcomes, stats):
-            if reason:
-                reasons[reason] += 1
-                self._examples[reason] = f"task {task.task_id}: {s.detail}"
-        skipped = sum(reasons.values())
-        if tasks and skipped / len(tasks) > self.warn_skip_ratio:
-            log.warning(
-                "batch %d skipped %d of %d tasks (%s), more than explorer.warn_skip_ratio=%s",
-                index,
-                skipped,
-                len(tasks),
-                ", ".join(f"{r}: {n}" for r, n in reasons.most_common()),
-                self.warn_skip_ratio,
-            )
-        self._recent.append((len(tasks), reasons))
-        total = sum(n for n, _ in self._recent)
-        counts: Counter = sum((c for _, c in self._recent), Counter())
-        if total and sum(counts.values()) / total > self.max_skip_ratio:
-            causes = "; ".join(f"{r}: {n} (e.g. {self._examples[r]})" for r, n in counts.most_common())
-            raise SkipRatioError(
-                f"{sum(counts.values())} of {total} tasks of the last {len(self._recent)} batch(es) were "
-                f"skipped, more than explorer.max_skip_ratio={self.max_skip_ratio}. Skip reasons: {causes}. "
-                "Each skip is logged with its task id; fix the workflow or reward, raise explorer.timeout "
-                "or explorer.reward_timeout if tasks time out, or raise explorer.max_skip_ratio "
-                "(1.0 turns this check off)."
-            )
 
     async def evaluate_async(
         self,

@@ -3,10 +3,15 @@
 ``trine validate`` and ``trine run`` (and :func:`trine.loop.run`) call :func:`check` after the
 config is valid: every taskset is loaded with the same :class:`~trine.tasks.TaskSet` code the run
 uses (so a malformed line, a missing mapped field or an empty file is found here, with its file and
-line), supervised stages' target fields are looked up, and every model directory is checked for
-config.json, tokenizer files and weights whose safetensors header matches the file size. Everything
-found is raised at once as one :class:`PreflightError`. A model that ``model.init_preset`` will
-build on first run is not checked.
+line), supervised stages' target fields are looked up, every model directory is checked for
+config.json, tokenizer files and weights whose safetensors header matches the file size, the policy's
+tokenizer must have a vocabulary and round-trip the first training prompt
+(:mod:`trine.inspect.tokenizer_check`: a directory without ``tokenizer.json`` loads as a 3-token
+tokenizer that encodes every prompt as nothing), and a SQL buffer's URL must parse, name an installed
+driver and reach its database (:mod:`trine.inspect.buffer_check`: a PostgreSQL server is connected to, a
+SQLite file's directory must be creatable). Everything found is raised at once as one
+:class:`PreflightError`, before anything is written; nothing here imports torch or transformers. A model
+that ``model.init_preset`` will build on first run is not checked.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from trine.config import ConfigError, RunConfig, TasksetConfig
+from trine.inspect.buffer_check import buffer_problems
+from trine.inspect.tokenizer_check import tokenizer_problems
 
 _passed: list[list[RunConfig]] = []  # stage lists already checked (by identity): not checked twice
 
@@ -41,7 +48,10 @@ def check(stages: list[RunConfig]) -> None:
             errors += [f"{prefix}{e}" for e in found if _first(seen, f"{key}:{e}")]
         for key, path, tokenizer in _models(cfg):
             found = _model_problems(path, tokenizer)
+            if not found and key == "model.path" and _first(seen, f"tokenizer:{tokenizer or path}"):
+                found = tokenizer_problems(cfg, _first_task(cfg, loaded))
             errors += [f"{prefix}{key}: {e}" for e in found if _first(seen, e)]
+        errors += [f"{prefix}{e}" for e in buffer_problems(cfg) if _first(seen, e)]
     if errors:
         raise PreflightError(errors)
     _passed.append(stages)
@@ -65,17 +75,7 @@ def _tasksets(cfg: RunConfig) -> list[tuple[str, TasksetConfig]]:
 
 def _taskset_problems(cfg: RunConfig, key: str, ts: TasksetConfig, loaded: dict[str, Any]) -> list[str]:
     """Load the taskset as the run will; then check the fields a supervised stage trains on."""
-    from trine.tasks import TaskSet
-
-    kwargs = ts.model_dump(exclude={"response_key", "chosen_key", "rejected_key", "weight"})
-    kwargs["sampling"] = ts.sampling.model_dump()
-    fingerprint = json.dumps(kwargs, sort_keys=True, default=str)
-    if fingerprint not in loaded:
-        try:
-            loaded[fingerprint] = TaskSet(**kwargs)
-        except Exception as err:  # enrich: any failure to read the data becomes one line naming the key
-            loaded[fingerprint] = err
-    tasks = loaded[fingerprint]
+    tasks = _load(ts, loaded)
     if isinstance(tasks, Exception):
         return [f"{key} ({ts.path}): {tasks}"]
     if key == "tasks.expert":
@@ -89,6 +89,30 @@ def _taskset_problems(cfg: RunConfig, key: str, ts: TasksetConfig, loaded: dict[
             tasks, key, "rejected_key", ts.rejected_key
         )
     return _missing_field(tasks, key, "response_key", ts.response_key)
+
+
+def _load(ts: TasksetConfig, loaded: dict[str, Any]) -> Any:
+    """The taskset as the run loads it, or the exception loading it raised (each read once)."""
+    from trine.tasks import TaskSet
+
+    kwargs = ts.model_dump(exclude={"response_key", "chosen_key", "rejected_key", "weight"})
+    kwargs["sampling"] = ts.sampling.model_dump()
+    fingerprint = json.dumps(kwargs, sort_keys=True, default=str)
+    if fingerprint not in loaded:
+        try:
+            loaded[fingerprint] = TaskSet(**kwargs)
+        except Exception as err:  # enrich: any failure to read the data becomes one line naming the key
+            loaded[fingerprint] = err
+    return loaded[fingerprint]
+
+
+def _first_task(cfg: RunConfig, loaded: dict[str, Any]) -> tuple[str, Any] | None:
+    """``(key, task)``: the first row of the first taskset that loads (``tasks.train`` first), if any."""
+    for key, ts in _tasksets(cfg):
+        tasks = _load(ts, loaded)
+        if not isinstance(tasks, Exception) and len(tasks):
+            return key, tasks[0]
+    return None
 
 
 def _missing_field(tasks: Any, key: str, setting: str, field: str | None) -> list[str]:

@@ -111,10 +111,20 @@ class RunStatus:
         out += [f"  {_process_line(p)}" for p in (t, *self.explorers)]
         out.append(f"  buffer: {self.buffer.line() if self.buffer else self.buffer_note}")
         if self.buffer and self.buffer.batches_waiting:
-            out[-1] += f"; {self.buffer.batches_waiting} explored batches waiting"
+            out[-1] += f"; {self.buffer.batches_waiting} explored batches {self._batches_word()}"
         shown = "none yet" if self.published is None else f"version {self.published}"
         out.append(f"  weights: published {shown}")
         return out
+
+    def _batches_word(self) -> str:
+        """What the explored batches not taken are: ``waiting`` while the trainer may still take them
+        (running, or stopped/failed and resumable), ``left over`` once it has finished (explorers run
+        ahead of the last step by up to the staleness bound; those batches are never trained)."""
+        return (
+            "left over (explored past the last step; not trained)"
+            if self.trainer.state == "finished"
+            else "waiting"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The same as one JSON-able object (``trine status --json``)."""

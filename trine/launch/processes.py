@@ -13,6 +13,8 @@ the weights the trainer publishes into ``<run_dir>/weights`` (``sync.method: pub
   ``explorers/<i>/metrics.jsonl`` and stops when the trainer's run ends or its tasks run out.
 - **launcher** (:func:`launch`): ``trine run`` with ``launch: processes`` starts both and waits, telling
   each how many they are (:data:`trine.threads.SHARE_ENV`: ``num_threads: auto`` shares the free cores).
+  Ctrl-C / SIGTERM is forwarded to them: the trainer finishes its step, checkpoints it and exits 130 /
+  143 (as ``trine run`` does in one process), the explorers stop; the same command resumes.
 
 Either side may start first: an explorer waits for the first published weights, the trainer for each
 batch, each up to ``sync.wait_timeout``. Each side also watches the other's status files
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -38,6 +41,7 @@ from typing import Any
 
 from trine.config import RunConfig
 from trine.launch.liveness import PeerGone, TrainerWatch
+from trine.status import STOP_GRACE_SECONDS, Terminated
 
 SHARED_SECTIONS = ("seed", "model", "tasks", "algorithm", "buffer", "sync", "trainer")
 """Config keys every process of a run must agree on (the explorers' batches are the trainer's data)."""
@@ -46,6 +50,8 @@ PER_LAUNCH = ("sync.address",)
 FINAL = ("finished", "failed", "stopped")
 WATCH_SECONDS = 1.0
 """How often an explorer process looks at the trainer's status file."""
+CHECKPOINT_SECONDS = 300.0
+"""How long ``trine run`` waits for a stopped trainer to write its checkpoint, after its step's grace."""
 
 
 class ProcessSetupError(ValueError):
@@ -307,6 +313,9 @@ def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConf
             except subprocess.TimeoutExpired:
                 p.terminate()
         return code
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the trainer checkpoints the step it is at
+        _stop_children(children, signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+        raise
     finally:
         for p in children:
             if p.poll() is None:
@@ -314,3 +323,21 @@ def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConf
         for p in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=30)
+
+
+def _stop_children(children: list[subprocess.Popen], sig: int) -> None:
+    """Forward the stop ``sig`` to every child (a child that got it from the terminal too counts it once,
+    :data:`trine.status.REPEAT_SECONDS`) and wait for the trainer (``children[0]``) to write its checkpoint
+    and exit (at most :data:`trine.status.STOP_GRACE_SECONDS` for its step, then the checkpoint); a second
+    stop is forwarded too: the children stop at once."""
+    for p in children:
+        if p.poll() is None:
+            p.send_signal(sig)
+    try:
+        children[0].wait(timeout=STOP_GRACE_SECONDS + CHECKPOINT_SECONDS)
+    except KeyboardInterrupt:  # a second stop: stop them at once
+        for p in children:
+            if p.poll() is None:
+                p.send_signal(sig)
+    except subprocess.TimeoutExpired:
+        pass

@@ -9,6 +9,9 @@ between two generations (:class:`WeightsWatcher`) — requests in flight wait fo
 Several servers (``--server-id i --servers n``, each on its own port) reload one at a time: a server
 takes ``<run_dir>/weights/reload.lock`` for its load, so while one loads the others answer (the
 "always one server ready" of the issue; :mod:`benchmarks.serve` measures it).
+
+Server ``i`` saves its sessions to ``<run_dir>/servers/<i>/sessions.db`` (:mod:`trine.serve.journal`):
+started again on the run directory after a crash, it continues the sessions that were open.
 """
 
 from __future__ import annotations
@@ -157,6 +160,10 @@ def serve(
     settings = settings_of(cfg, getattr(model.config, "max_position_embeddings", None))
     app = create_app(engine, store, settings)
     out = run_dir / "servers" / str(index)
+    out.mkdir(parents=True, exist_ok=True)
+    restored = store.persist(out / "sessions.db")
+    if restored:
+        print(f"trine serve: continuing {restored} open session(s) saved by an earlier server", flush=True)
     monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=0)
     reports = iter(range(1, 1 << 62))
 
@@ -175,6 +182,7 @@ def serve(
         port=cfg.serve.port if port is None else port,
         log_level="warning",
         lifespan="on",
+        timeout_keep_alive=settings.keep_alive_timeout,
     )
     server = uvicorn.Server(config)
     watcher.start()

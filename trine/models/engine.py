@@ -112,6 +112,7 @@ class HFEngine:
 
     def _mark_worker(self) -> None:
         self._worker_thread = threading.get_ident()
+        self._worker_handle = threading.current_thread()
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` on the engine's worker thread, wait, and return its result.
@@ -242,8 +243,14 @@ class HFEngine:
         self.generator.set_state(state["generator"])
         self.policy_version = state["policy_version"]
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """End the worker thread: queued calls are cancelled, a running one gets ``timeout`` seconds to
+        finish (a stuck one is left behind rather than hanging the caller; :func:`trine.blocking.exit_guard`
+        still ends the process)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        worker = getattr(self, "_worker_handle", None)
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
 
     # ----------------------------------------------------------------- the sampling loop
     def _sample(self, reqs: list[_Request]) -> list[Completion]:

@@ -16,6 +16,7 @@ holds back otherwise (``explorer/paced_seconds``).
 
 The trainer never waits silently: without a batch for ``sync.wait_timeout`` seconds it stops with a
 ``TimeoutError`` that says what it waits for (rows ready and needed, tasks in flight, the explorer's state).
+A stop signal ends its wait for a batch at once (:mod:`trine.loop` then checkpoints the step it is at).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trine.config import RunConfig
 from trine.explorer.pacing import Pacing, rows_queued
 from trine.explorer.streaming import Produce, stream
 from trine.stage import Stage
+from trine.status import stop_requested
 
 POLL_SECONDS = 0.5
 """How long the trainer waits for a batch before it checks whether the explorer ended or failed."""
@@ -65,6 +67,8 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
             except BufferTimeout:
                 if errors:
                     raise errors[0] from None
+                if stop_requested():
+                    return  # a stop signal: the loop checkpoints the step it is at
                 if ended.is_set() and buffer.metrics()["buffer/size"] < need:
                     return  # the tasks ran out
                 limit = cfg.sync.wait_timeout
@@ -117,6 +121,8 @@ def trainer_steps(stage: Stage) -> Iterator[dict[str, float]]:
             metrics = trainer.consume(timeout=POLL_SECONDS)
         except BufferTimeout:
             waited += POLL_SECONDS
+            if stop_requested():
+                return  # a stop signal: the loop checkpoints the step it is at
             if gone := explorers.check():
                 raise PeerGone(gone) from None
             if limit is not None and waited >= limit:

@@ -8,6 +8,10 @@ import threading
 from collections.abc import Iterator
 
 from trine.stage import Stage
+from trine.status import stop_requested
+
+POLL_SECONDS = 0.5
+"""How long the trainer waits for the explorer's next batch before it looks for a stop signal."""
 
 
 def steps(stage: Stage) -> Iterator[dict[str, float]]:
@@ -37,7 +41,12 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
     try:
         while stage.step < total:
             while not trainer.batches_waiting() and not finished:
-                finished = ready.get() is None
+                if stop_requested():
+                    return  # a stop signal: the loop checkpoints the step it is at
+                try:
+                    finished = ready.get(timeout=POLL_SECONDS) is None
+                except queue.Empty:
+                    continue
             if errors:
                 raise errors[0]
             if not trainer.batches_waiting():

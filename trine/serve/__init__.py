@@ -9,7 +9,9 @@
   (OpenAI error bodies); :mod:`trine.serve.limits`: the checks before the engine (key, body size,
   model, limits) and the concurrency gate (``max_concurrent`` + ``max_queue``, then 429);
 - :mod:`trine.serve.render` and :mod:`trine.serve.responses`: messages to tokens, samples to OpenAI
-  bodies and stream chunks.
+  bodies and stream chunks;
+- :mod:`trine.serve.journal`: the sessions saved on disk, so a restarted server continues them;
+  :mod:`trine.serve.idempotency`: ``Idempotency-Key`` (a retried request answered and recorded once).
 
 fastapi / uvicorn are imported only inside :func:`create_app` (and by whoever runs the app).
 """

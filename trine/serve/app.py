@@ -14,6 +14,11 @@ wait, any more get 429. Every refusal is an OpenAI error body naming the field; 
 only its own request (500); a request that waits past ``request_timeout`` gets 504. With ``api_key``
 set, ``/v1`` routes need ``Authorization: Bearer <key>`` (compared in constant time). Counters for the
 monitor: :meth:`OpenAIServer.metrics` (``app.state.server``).
+
+A prompt is bounded by its characters before it is tokenized (``max_prompt_tokens`` x
+``max_chars_per_token``), and tokenized on a worker thread, so one huge prompt never stalls the others.
+A completion request with an ``Idempotency-Key`` header is answered once (:mod:`trine.serve.idempotency`).
+A client that disconnects before its request is read is logged as one line (no traceback).
 """
 
 from __future__ import annotations
@@ -27,6 +32,14 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from trine.blocking import run_blocking
+from trine.serve.idempotency import (
+    Replays,
+    answer_from_rows,
+    fingerprint,
+    idempotency_key,
+    keyed_response_id,
+)
 from trine.serve.limits import (
     Gate,
     bad,
@@ -34,6 +47,7 @@ from trine.serve.limits import (
     check_chat,
     check_model,
     check_prompt,
+    check_prompt_text,
     completion_prompt,
     read_body,
     sampling_params,
@@ -71,7 +85,8 @@ _ALWAYS = (
 )
 _REASONS = {
     400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
-    410: "gone", 413: "too_large", 415: "unsupported_media_type", 429: "too_many_requests",
+    410: "gone", 413: "too_large", 415: "unsupported_media_type", 422: "idempotency_key_reused",
+    429: "too_many_requests",
     500: "engine_error", 503: "unavailable", 504: "timeout",
 }  # fmt: skip
 
@@ -94,6 +109,7 @@ class OpenAIServer:
         self.settings = settings
         self.tokenizer = engine.tokenizer
         self.gate = Gate(settings.max_concurrent, settings.max_queue)
+        self.replays = Replays(settings.idempotency_keys)
         self.counts: Counter[str] = Counter()
         self.started = int(time.time())
 
@@ -120,16 +136,34 @@ class OpenAIServer:
         check_model(req.model, self.settings.model_name)
         params = sampling_params(req, self.settings, req.max_completion_tokens)
         check_chat(req)
+        check_prompt_text(req, self.settings)
         messages = template_messages(req.messages, self.tokenizer)
         tools = None
         if req.tools and req.tool_choice != "none":
             tools = [t.model_dump(exclude_none=True) for t in req.tools]
-        answer = self._answer("chatcmpl-", req, params, parse_tools=bool(tools), logprobs=req.logprobs)
-        if req.session_id is None:
-            prompt = render_prompt(self.tokenizer, messages, tools)
+        key = idempotency_key(request)
+        answer = self._answer(
+            "chatcmpl-", req, params, request, key, tools=bool(tools), logprobs=req.logprobs
+        )
+
+        async def run(info: dict[str, Any]) -> None:
+            if req.session_id is not None:
+                return await self._session_turn(answer, params, req, messages, tools)
+            prompt = await run_blocking(render_prompt, self.tokenizer, messages, tools)  # off the event loop
             answer.prompt_ids = check_prompt(prompt, self.settings.max_prompt_tokens, "messages")
-            await self._sample_and_record(answer, params, req, "chat")
-            return answer
+            await self._sample_and_record(answer, params, req, {"endpoint": "chat", **info})
+
+        return await self._once(answer, req, key, run)
+
+    async def _session_turn(
+        self,
+        answer: Answer,
+        params: SamplingParams,
+        req: ChatRequest,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+    ) -> None:
+        assert req.session_id is not None
         limit = self.settings.max_prompt_tokens
         opened = self.store.turn(
             req.session_id, messages, tools, task_id=req.task_id, user=req.user, max_prompt_tokens=limit
@@ -139,18 +173,24 @@ class OpenAIServer:
             answer.completions = await self._generate(turn.prompt_ids, params)
             answer.policy_version = self._version(answer.completions)
             self.store.complete(turn, answer.completions[0], answer.response_id, answer.policy_version)
-        return answer
 
     async def completions(self, request: Request) -> Answer:
         req = await self._parse(request, CompletionRequest)
         self.counts["requests_completions"] += 1
         check_model(req.model, self.settings.model_name)
         params = sampling_params(req, self.settings)
-        prompt = completion_prompt(req, self.tokenizer)
-        answer = self._answer("cmpl-", req, params, parse_tools=False, logprobs=req.logprobs is not None)
-        answer.prompt_ids = check_prompt(prompt, self.settings.max_prompt_tokens, "prompt")
-        await self._sample_and_record(answer, params, req, "completions")
-        return answer
+        check_prompt_text(req, self.settings)
+        key = idempotency_key(request)
+        answer = self._answer(
+            "cmpl-", req, params, request, key, tools=False, logprobs=req.logprobs is not None
+        )
+
+        async def run(info: dict[str, Any]) -> None:
+            prompt = await run_blocking(completion_prompt, req, self.tokenizer)  # off the event loop
+            answer.prompt_ids = check_prompt(prompt, self.settings.max_prompt_tokens, "prompt")
+            await self._sample_and_record(answer, params, req, {"endpoint": "completions", **info})
+
+        return await self._once(answer, req, key, run)
 
     async def feedback(self, request: Request) -> dict[str, Any]:
         req = await self._parse(request, FeedbackRequest)
@@ -174,6 +214,7 @@ class OpenAIServer:
         out = {f"serve/{name}": float(value) for name, value in sorted(self.counts.items())}
         for name in _ALWAYS:
             out.setdefault(f"serve/{name}", 0.0)
+        out["serve/idempotent_replays"] = float(self.replays.replayed)
         out["serve/generating"] = float(self.gate.active)
         out["serve/queued"] = float(self.gate.waiting)
         out["serve/policy_version"] = float(self.engine.policy_version)
@@ -182,10 +223,19 @@ class OpenAIServer:
 
     # ------------------------------------------------------------------ helpers
     def _answer(
-        self, prefix: str, req: Any, params: SamplingParams, *, parse_tools: bool, logprobs: bool
+        self,
+        prefix: str,
+        req: Any,
+        params: SamplingParams,
+        request: Request,
+        key: str | None,
+        *,
+        tools: bool,
+        logprobs: bool,
     ) -> Answer:
+        rid = prefix + uuid.uuid4().hex if key is None else keyed_response_id(prefix, request.url.path, key)
         return Answer(
-            response_id=prefix + uuid.uuid4().hex,
+            response_id=rid,
             model=self.settings.model_name,
             created=int(time.time()),
             prompt_ids=[],
@@ -194,21 +244,50 @@ class OpenAIServer:
             stop=list(params.stop),
             return_token_ids=req.return_token_ids,
             logprobs=logprobs,
-            parse_tools=parse_tools,
+            parse_tools=tools,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             stream=req.stream,
         )
 
+    async def _once(
+        self,
+        answer: Answer,
+        req: ChatRequest | CompletionRequest,
+        key: str | None,
+        run: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> Answer:
+        """``run(info)`` fills ``answer``; with an Idempotency-Key, once per key (``info`` records it)."""
+        if key is None:
+            await run({})
+            return answer
+        print_ = fingerprint(req)
+
+        async def find() -> Answer | None:
+            if not req.record or getattr(req, "session_id", None) is not None:
+                return None  # kept in memory only
+            rows = [e for e, _ in await self.store.find_response(answer.response_id)]
+            return answer_from_rows(answer, rows, key, print_) if rows else None
+
+        async def compute() -> Answer:
+            await run({"idempotency_key": key, "request_sha256": print_})
+            return answer
+
+        return await self.replays.answer(answer.response_id, key, print_, find, compute)
+
     async def _sample_and_record(
-        self, answer: Answer, params: SamplingParams, req: ChatRequest | CompletionRequest, endpoint: str
+        self,
+        answer: Answer,
+        params: SamplingParams,
+        req: ChatRequest | CompletionRequest,
+        info: dict[str, Any],
     ) -> None:
         answer.completions = await self._generate(answer.prompt_ids, params)
         answer.policy_version = self._version(answer.completions)
         if not req.record:
             self.counts["unrecorded"] += 1
             return
-        user = req.user
-        info: dict[str, Any] = {"endpoint": endpoint, **({"user": user} if user is not None else {})}
+        if req.user is not None:
+            info["user"] = req.user
         await self.store.record_response(
             answer.response_id,
             answer.prompt_ids,
@@ -317,7 +396,8 @@ def _endpoint(
     server: OpenAIServer, handler: Callable[[Request], Awaitable[Any]]
 ) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler: count it, turn its result into JSON or a stream and any refusal into an error body."""
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import JSONResponse, Response, StreamingResponse
 
     async def endpoint(request: Request) -> Response:
         server.counts["requests"] += 1
@@ -331,6 +411,11 @@ def _endpoint(
             return JSONResponse(_body(result, server.tokenizer))
         except ApiError as err:
             return _error(server, err)
+        except ClientDisconnect:  # it hung up before sending its whole request: nobody reads an answer
+            server.counts["client_disconnects"] += 1
+            what = f"{request.method} {request.url.path}"
+            log.warning("trine serve: %s: the client disconnected before sending its whole request", what)
+            return Response(status_code=400)
         except Exception as err:  # a bug must fail this request only, with the OpenAI error body
             log.exception("trine serve: %s %s failed", request.method, request.url.path)
             message = f"internal error ({type(err).__name__}: {err})."

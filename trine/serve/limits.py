@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from trine.serve.schemas import ApiError, ChatRequest, CompletionRequest, ServeSettings
+from trine.serve.schemas import ApiError, ChatRequest, CompletionRequest, Message, ServeSettings
 from trine.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -143,6 +144,38 @@ def completion_prompt(req: CompletionRequest, tokenizer: object) -> list[int]:
     return list(req.prompt)
 
 
+def check_prompt_text(req: ChatRequest | CompletionRequest, limits: ServeSettings) -> None:
+    """400 before anything is tokenized when the prompt cannot fit ``max_prompt_tokens``: its text is longer
+    than ``max_prompt_tokens`` x ``max_chars_per_token`` characters (messages: every text, name, tool call
+    and tool definition counted), or it is a list of more token ids than that."""
+    limit, per_token = limits.max_prompt_tokens, limits.max_chars_per_token
+    if isinstance(req, CompletionRequest):
+        param, chars = "prompt", len(req.prompt)
+        if isinstance(req.prompt, list):
+            if chars > limit:
+                raise bad(param, f"prompt is {chars} token ids, above max_prompt_tokens={limit}; shorten it.")
+            return
+    else:
+        param, chars = "messages", sum(_message_chars(m) for m in req.messages)
+        if req.tools:
+            chars += len(json.dumps([t.model_dump(exclude_none=True) for t in req.tools]))
+    if chars > limit * per_token:
+        raise bad(
+            param,
+            f"{param} holds {chars} characters: more than max_prompt_tokens={limit} tokens can hold (at most "
+            f"{limit * per_token} characters, {per_token} per token: serve.max_chars_per_token); shorten it.",
+        )
+
+
+def _message_chars(message: Message) -> int:
+    content = message.content
+    chars = len(content) if isinstance(content, str) else sum(len(p.text) for p in content or [])
+    chars += len(message.name or "")
+    for call in message.tool_calls or []:
+        chars += len(call.function.name) + len(call.function.arguments)
+    return chars
+
+
 def check_prompt(prompt_ids: list[int], limit: int, param: str) -> list[int]:
     """``prompt_ids`` if it is neither empty nor above ``max_prompt_tokens``."""
     if not prompt_ids:
@@ -202,6 +235,7 @@ __all__ = [
     "check_chat",
     "check_model",
     "check_prompt",
+    "check_prompt_text",
     "completion_prompt",
     "read_body",
     "sampling_params",

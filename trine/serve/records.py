@@ -7,18 +7,20 @@ writes from them.
 - :func:`segment_experience`: a session's open trajectory as one experience
   (:meth:`~trine.workflows.trajectory.Trajectory.experience`: observations masked 0, ``token_versions``
   where versions differ) with the session's ``task_id`` / ``group_id`` and the version of its first token;
-- :func:`snapshot` / :func:`undo`: take back what a failed call appended to a trajectory.
+- :func:`snapshot` / :func:`undo`: take back what a failed call appended to a trajectory;
+- :func:`session_state` / :func:`restore_session`: a session as plain JSON data and back (the journal of
+  :mod:`trine.serve.journal` keeps it across a restart, its open trajectory token for token).
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from trine.serve.render import HistoryKey
 from trine.types import Completion, Experience
-from trine.workflows.trajectory import Trajectory
+from trine.workflows.trajectory import ChatDelta, Trajectory, Turn
 
 SessionState = Literal["open", "expired", "committed"]
 Snapshot = tuple[int, int, int, int, int]
@@ -155,13 +157,68 @@ def undo(turn: SessionTurn) -> None:
     del traj.versions[n_versions:], traj.messages[n_messages:]
 
 
+def session_state(session: Session) -> dict[str, Any]:
+    """What :func:`restore_session` needs, as JSON-ready data (copies: the session may change meanwhile)."""
+    traj = session.traj
+    return {
+        "session_id": session.session_id,
+        "task_id": session.task_id,
+        "user": session.user,
+        "state": session.state,
+        "tools_key": session.tools_key,
+        "history": [list(key) for key in session.history],
+        "turns": session.turns,
+        "segment": session.segment,
+        "response_ids": list(session.response_ids),
+        "written": list(session.written),
+        "rewarded": session.rewarded,
+        "traj": None if traj is None else _trajectory_state(traj),
+    }
+
+
+def restore_session(state: dict[str, Any], tokenizer: Any, delta: ChatDelta, now: float) -> Session:
+    """The session :func:`session_state` saved (``delta``: the tokenizer's, shared by every restored
+    trajectory; ``now``: its idle time starts again)."""
+    session = Session(state["session_id"], state["task_id"], state["user"], last_used=now)
+    session.state, session.tools_key = state["state"], state["tools_key"]
+    session.history = [(role, content) for role, content in state["history"]]
+    session.turns, session.segment, session.rewarded = state["turns"], state["segment"], state["rewarded"]
+    session.response_ids, session.written = list(state["response_ids"]), list(state["written"])
+    if state["traj"] is not None:
+        session.traj = _restore_trajectory(state["traj"], tokenizer, delta)
+    return session
+
+
+_TRAJECTORY_FIELDS = ("messages", "tokens", "prompt_length", "mask", "logprobs", "versions", "max_tokens")
+
+
+def _trajectory_state(traj: Trajectory) -> dict[str, Any]:
+    state = {name: getattr(traj, name) for name in _TRAJECTORY_FIELDS}
+    state = {k: (list(v) if isinstance(v, list) else v) for k, v in state.items()}
+    state.update(turns=[asdict(t) for t in traj.turns], status=traj.status, reason=traj.reason)
+    state["run_id"] = traj.run_id
+    return state
+
+
+def _restore_trajectory(state: dict[str, Any], tokenizer: Any, delta: ChatDelta) -> Trajectory:
+    traj = Trajectory.__new__(Trajectory)  # not rendered again: its tokens are the ones sampled and seen
+    traj.tokenizer, traj.delta = tokenizer, delta
+    for name in _TRAJECTORY_FIELDS:
+        setattr(traj, name, state[name])
+    traj.turns = [Turn(**turn) for turn in state["turns"]]
+    traj.status, traj.reason, traj.run_id = state["status"], state["reason"], state["run_id"]
+    return traj
+
+
 __all__ = [
     "ResponseRecord",
     "Session",
     "SessionState",
     "SessionTurn",
     "call_experiences",
+    "restore_session",
     "segment_experience",
+    "session_state",
     "snapshot",
     "undo",
 ]

@@ -23,26 +23,39 @@ timeout, so a slow SQL buffer never stalls the event loop):
 
 A reward is given once: a second feedback for the same response or session is refused (409) and
 nothing is written twice. Unknown ids are 404.
+
+**Across a restart** (:meth:`SessionStore.persist`, which ``trine serve`` calls): each session's state is
+saved to a :class:`~trine.serve.journal.SessionJournal` before its answer goes out, so a server killed
+with ``kill -9`` loses no acknowledged turn; the next server restores the open sessions (their idle time
+starts again) and reads any other session back when a call names it. Feedback for a response this
+process never answered is looked up in the journal (a session's response), then in the buffer
+(:meth:`SessionStore.find_response`: the rows of a call without a session).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from trine.blocking import CallTimeout, run_blocking
 from trine.buffer.base import Buffer
+from trine.buffer.states import READY, STALE, TRAINED
 from trine.config.serve import ServeConfig
+from trine.serve.journal import SessionJournal
 from trine.serve.records import (
     ResponseRecord,
     Session,
     SessionTurn,
     call_experiences,
+    restore_session,
     segment_experience,
+    session_state,
     snapshot,
     undo,
 )
@@ -55,7 +68,10 @@ from trine.serve.render import (
 )
 from trine.serve.schemas import ApiError
 from trine.types import Completion, Experience
-from trine.workflows.trajectory import Trajectory
+from trine.workflows.trajectory import ChatDelta, Trajectory
+
+_REWARDED = (READY, TRAINED, STALE)
+"""Buffer states of a row whose reward was given."""
 
 
 class SessionStore:
@@ -90,6 +106,35 @@ class SessionStore:
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.responses: OrderedDict[str, ResponseRecord] = OrderedDict()
         self.counts: Counter[str] = Counter()
+        self.journal: SessionJournal | None = None
+        """Where sessions are saved (:meth:`persist`); None: in memory only."""
+        self._delta: ChatDelta | None = None  # the tokenizer's, for the trajectories restored
+
+    def persist(self, path: str | Path) -> int:
+        """Save every session to the journal at ``path`` from now on, and restore the sessions it holds
+        open (a server killed on this run directory); returns how many were restored."""
+        self.journal = SessionJournal(path)
+        states = self.journal.open_sessions()
+        for state in states:
+            self._remember(self.sessions, state["session_id"], self._restore(state))
+        self.counts["sessions_restored"] += len(states)
+        return len(states)
+
+    async def find_response(self, response_id: str) -> list[tuple[Experience, str]]:
+        """The buffer's rows of the call without a session answered as ``response_id`` (by this process or
+        an earlier one), in choice order, with their states (:mod:`trine.buffer.states`); ``[]`` when the
+        buffer does not say (it keeps no rows across processes, e.g. a memory buffer)."""
+        find_runs = getattr(self.buffer, "find_runs", None)  # the SQL buffer's query
+        if find_runs is None:
+            return []
+        found: list[tuple[Experience, str]] = []
+        batch = 64  # choices are numbered 0, 1, ...: ask for the next 64 while all were there
+        while True:
+            run_ids = [f"{response_id}/{i}" for i in range(len(found), len(found) + batch)]
+            rows = await self._io(find_runs, run_ids, what="the buffer")
+            found += [(e, state) for e, state in rows if e.info.get("response_id") == response_id]
+            if len(rows) < batch:
+                return sorted(found, key=lambda row: row[0].info.get("choice_index", 0))
 
     # ------------------------------------------------------------------ one-call responses
     async def record_response(
@@ -127,7 +172,7 @@ class SessionStore:
         from. Call :meth:`SessionTurn`'s :meth:`complete` with the completion; leaving the block without
         it (an engine error, a cancelled request) undoes what the call appended."""
         while True:  # the session may be dropped while we wait for its lock (its first call failed)
-            session = self._session(session_id, task_id, user)
+            session = await self._session(session_id, task_id, user)
             await session.lock.acquire()
             if self.sessions.get(session_id) is session:
                 break
@@ -142,6 +187,7 @@ class SessionStore:
             finally:
                 if not turn.done:
                     undo(turn)
+                await self._save(session)  # before the answer goes out: an acknowledged turn is kept
         finally:
             session.busy -= 1
             session.last_used = self.clock()
@@ -163,7 +209,7 @@ class SessionStore:
     async def commit(self, session_id: str, reward: float | None = None) -> dict[str, Any]:
         """Close a session: write its open trajectory (ready with ``reward``, else pending). 404 unknown,
         409 already committed."""
-        session = self._known(session_id)
+        session = await self._known(session_id)
         async with session.lock:
             if session.state == "committed":
                 raise ApiError(
@@ -177,6 +223,7 @@ class SessionStore:
             written = await self._close(session, reward)
             session.state = "committed"
             self.counts["sessions_committed"] += 1
+            await self._save(session)
         return {
             "session_id": session_id,
             "committed": True,
@@ -195,7 +242,7 @@ class SessionStore:
         """Give the reward of one response (all its choices, or choice ``choice``) or one session (which
         commits it), once each."""
         if response_id is not None:
-            record = self.responses.get(response_id)
+            record = self.responses.get(response_id) or await self._find_record(response_id)
             if record is None:
                 raise ApiError(
                     404,
@@ -247,6 +294,7 @@ class SessionStore:
                 session.state = "expired"
                 self.counts["sessions_expired"] += 1
                 count += 1
+                await self._save(session)
         return count
 
     async def aclose(self) -> int:
@@ -258,33 +306,73 @@ class SessionStore:
                     await self._close(session, None, session_closed="shutdown")
                     session.state = "expired"
                     count += 1
+                    await self._save(session)
+        if self.journal is not None:
+            self.journal.close()
         return count
 
     def metrics(self) -> dict[str, float]:
         """``serve/sessions_*``, ``serve/feedback``, ``serve/experiences_written`` counters."""
         names = (
             "sessions_opened", "sessions_committed", "sessions_expired", "sessions_forked",
-            "sessions_reopened", "feedback", "rewards_filled", "experiences_written",
+            "sessions_reopened", "sessions_restored", "feedback", "rewards_filled", "experiences_written",
         )  # fmt: skip
         out = {f"serve/{name}": float(self.counts[name]) for name in names}
         out["serve/sessions_open"] = float(sum(s.state == "open" for s in self.sessions.values()))
         return out
 
     # ------------------------------------------------------------------ internals
-    def _session(self, session_id: str, task_id: str | None, user: str | None) -> Session:
-        session = self.sessions.get(session_id)
+    async def _session(self, session_id: str, task_id: str | None, user: str | None) -> Session:
+        session = await self._lookup(session_id)
         if session is None:
             session = Session(session_id, task_id or session_id, user, last_used=self.clock())
             self._remember(self.sessions, session_id, session)
         return session
 
-    def _known(self, session_id: str) -> Session:
-        session = self.sessions.get(session_id)
+    async def _known(self, session_id: str) -> Session:
+        session = await self._lookup(session_id)
         if session is None:
             raise ApiError(
                 404, f"session_id {session_id!r} is unknown (never opened, or forgotten).", param="session_id"
             )
         return session
+
+    async def _lookup(self, session_id: str) -> Session | None:
+        """The session in memory, else as the journal saved it (read back into memory), else None."""
+        session = self.sessions.get(session_id)
+        if session is not None or self.journal is None:
+            return session
+        state = await self._io(self.journal.load, session_id)
+        if state is not None and session_id not in self.sessions:  # not read back by another call meanwhile
+            self._remember(self.sessions, session_id, self._restore(state))
+        return self.sessions.get(session_id)
+
+    def _restore(self, state: dict[str, Any]) -> Session:
+        if self._delta is None:
+            self._delta = ChatDelta(self.tokenizer)
+        return restore_session(state, self.tokenizer, self._delta, self.clock())
+
+    async def _save(self, session: Session) -> None:
+        """Save the session to the journal (if any) once it holds something: a trajectory, or writes."""
+        if self.journal is None or (session.traj is None and not session.written and not session.rewarded):
+            return
+        await self._io(self.journal.save, session_state(session))
+
+    async def _find_record(self, response_id: str) -> ResponseRecord | None:
+        """A response this process does not remember: a session's (journal) or a call's (buffer)."""
+        record = None
+        session_id = None if self.journal is None else await self._io(self.journal.session_of, response_id)
+        if session_id is not None:
+            record = ResponseRecord([], session_id=session_id)
+        else:
+            rows = await self.find_response(response_id)
+            if rows:
+                rewarded = {i for i, (_, state) in enumerate(rows) if state in _REWARDED}
+                record = ResponseRecord([e.id for e, _ in rows], rewarded=rewarded)
+        if record is None or response_id in self.responses:  # found meanwhile by another call: share it
+            return self.responses.get(response_id)
+        self._remember(self.responses, response_id, record)
+        return record
 
     async def _begin(
         self,
@@ -299,14 +387,17 @@ class SessionStore:
         if traj is not None and tools_key == session.tools_key and continues(keys, session.history):
             turn = SessionTurn(session, [], session.turns, keys, snapshot(traj))
             try:
-                traj.add_messages(messages[len(session.history) :])
+                await _tokenize(traj.add_messages, messages[len(session.history) :])
             except Exception as err:
                 undo(turn)
                 raise template_error(err) from None
+            except BaseException:  # cancelled: _tokenize waited for the thread, so this undoes all of it
+                undo(turn)
+                raise
             self._check_length(turn, len(traj.tokens), max_prompt_tokens)
             turn.prompt_ids = list(traj.tokens)
             return turn
-        new = self._new_trajectory(messages, tools)
+        new = await _tokenize(self._new_trajectory, messages, tools)
         turn = SessionTurn(session, list(new.tokens), session.turns, keys, None)
         self._check_length(turn, len(new.tokens), max_prompt_tokens)
         if traj is not None and traj.turns:
@@ -371,28 +462,32 @@ class SessionStore:
         self.counts["feedback"] += 1
 
     async def _session_feedback(self, session_id: str, reward: float) -> dict[str, Any]:
-        session = self._known(session_id)
+        session = await self._known(session_id)
         async with session.lock:
             if session.rewarded:
                 raise _twice("session_id", session_id)
+            written = 0
             if session.state == "open":
                 written = await self._close(session, reward)
-                session.state = "committed"
-                self.counts["sessions_committed"] += 1
-                return {"session_id": session_id, "committed": True, "experiences": written}
-            await self._reward_session(session, reward)  # an expired session: its reward commits it
+            else:
+                await self._reward_session(session, reward)  # an expired session: its reward commits it
             if session.state != "committed":
                 session.state = "committed"
                 self.counts["sessions_committed"] += 1
-            return {"session_id": session_id, "committed": True, "experiences": 0}
+            await self._save(session)
+            return {"session_id": session_id, "committed": True, "experiences": written}
 
     async def _write(self, fn: Callable[..., Any], arg: Any) -> Any:
+        return await self._io(fn, arg, what="the buffer")
+
+    async def _io(self, fn: Callable[..., Any], *args: Any, what: str = "the session journal") -> Any:
+        """``fn(*args)`` on a worker thread within ``write_timeout`` (503 past it)."""
         try:
-            return await run_blocking(fn, arg, timeout=self.write_timeout)
+            return await run_blocking(fn, *args, timeout=self.write_timeout)
         except CallTimeout:
             raise ApiError(
                 503,
-                f"the buffer did not answer within {self.write_timeout:g} s; retry later.",
+                f"{what} did not answer within {self.write_timeout:g} s; retry later.",
                 kind="server_error",
             ) from None
 
@@ -407,6 +502,18 @@ class SessionStore:
             item = table[old]
             if not (isinstance(item, Session) and item.state == "open"):
                 del table[old]
+
+
+async def _tokenize(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (tokenizing) on a worker thread, so the event loop goes on answering others. If the
+    caller is cancelled meanwhile, the thread is waited for first: it may be appending to a trajectory."""
+    call = asyncio.ensure_future(run_blocking(fn, *args))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await call
+        raise
 
 
 def _committed(session_id: str) -> ApiError:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from trine.feedback import labelstudio
 from trine.feedback.queue import ANNOTATIONS_FILE, AnnotationQueue, AnswerConflict, queue_url
-from trine.studio.paths import run_path
+from trine.studio.paths import run_path, run_problem
 from trine.studio.settings import StudioSettings, studio
 
 router = APIRouter()
@@ -203,6 +203,8 @@ class Lander:
         """Land what is waiting in every run; returns how many items landed."""
         landed = 0
         for db in sorted(self.runs_dir.glob(f"*/{ANNOTATIONS_FILE}")):
+            if run_problem(self.runs_dir, db.parent) is not None:
+                continue  # a run linked from outside, or holding links out: not read, not written
             try:
                 if open_queue(db.parent).unlanded():
                     counts = land_run(db.parent)

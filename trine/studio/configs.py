@@ -14,7 +14,9 @@
 - ``POST /api/config/start {"yaml", "name"}``: validate, write the resolved config to
   ``RUNS/NAME/launch.yaml`` and start ``trine run`` on it as a detached process that outlives the studio.
   The run is named ``NAME`` (its config's ``name`` and ``run_dir`` are set to it, whatever the template
-  said); a ``NAME`` already taken is refused (409) with a free name to use instead.
+  said); a ``NAME`` already taken is refused (409) with a free name to use instead, and a config that
+  would write outside the runs directory, reach a database elsewhere or start a program is refused (422,
+  every key at once: :mod:`trine.studio.confine`) before anything is written.
 
 Import paths (``"package.module:attr"``) are never loaded from the browser: validation runs under
 :func:`trine.registry.no_imports`, and a run started here refuses them too (``$TRINE_NO_IMPORTS``), so
@@ -37,7 +39,8 @@ from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
-from trine.studio.paths import check_name, run_path
+from trine.studio.confine import write_problems
+from trine.studio.paths import check_name, run_path, run_problem
 from trine.studio.settings import StudioSettings, studio
 from trine.studio.yaml_lines import compose, locate, split_error, syntax_error
 
@@ -76,8 +79,8 @@ def validate_text(text: str, root: Path) -> tuple[dict[str, Any], list[Any]]:
     from trine.registry import no_imports
 
     try:
+        tree = compose(text)  # first: it bounds the text's size and depth before anything expands it
         data = load_yaml(text)
-        tree = compose(text)
     except yaml.YAMLError as err:
         return {"ok": False, "errors": [syntax_error(err)], "stages": []}, []
     if data is None:
@@ -192,6 +195,8 @@ def _run_templates(runs_dir: Path) -> list[dict[str, str]]:
             check_name(path.name)
         except HTTPException:
             continue  # hidden or odd names are not runs the studio can name
+        if run_problem(runs_dir, path) is not None:
+            continue  # it or a link in it leads out of the runs directory: not read
         if (path / "config.yaml").is_file():
             found.append({"id": f"run:{path.name}", "label": f"run {path.name}"})
     return found
@@ -268,6 +273,10 @@ def start(body: StartBody, settings: StudioSettings = Depends(studio)) -> dict[s
             f"run {body.name!r} already exists under {runs_dir} (it has {', '.join(taken)}); starting there "
             f"would write into that run: pick another name, e.g. {fresh_name(runs_dir, body.name)!r}",
         )
+    outside = write_problems(stages, runs_dir, Path(settings.root))
+    if outside:
+        tree = compose(body.yaml)
+        raise HTTPException(422, {"errors": [_error(tree, line) for line in outside]})
     from trine.rundir import _resolved_config
 
     said = stages[0].name
@@ -291,13 +300,17 @@ def start(body: StartBody, settings: StudioSettings = Depends(studio)) -> dict[s
 
 def launch_run(launch: Path, settings: StudioSettings) -> int:
     """Start ``trine run launch.yaml`` in its own session (it outlives the studio; Ctrl-C in the studio's
-    terminal does not reach it), output to ``launch.log`` beside it; returns its pid."""
+    terminal does not reach it), output to ``launch.log`` beside it; returns its pid. The ``wandb`` and
+    ``mlflow`` sinks keep their local files in the run directory (``WANDB_DIR``, ``MLFLOW_TRACKING_URI``),
+    unless the studio's own environment says otherwise."""
     from trine.registry import NO_IMPORTS_ENV
 
     command = [sys.executable, "-m", "trine.cli", "run", str(launch)]
     for plugin in settings.plugins:
         command += ["--plugin", str(Path(plugin).absolute())]
     env = {**os.environ, NO_IMPORTS_ENV: REASON}
+    env.setdefault("WANDB_DIR", str(launch.parent))
+    env.setdefault("MLFLOW_TRACKING_URI", (launch.parent / "mlruns").absolute().as_uri())
     with (launch.parent / "launch.log").open("ab") as log:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments, no shell
             command,

@@ -26,7 +26,7 @@ import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from trine.status import describe
-from trine.studio.paths import check_name, inside, run_path
+from trine.studio.paths import check_name, inside, run_path, run_problem
 from trine.studio.run_metrics import eval_table, finite, is_number, read_metrics
 from trine.studio.settings import StudioSettings, studio
 
@@ -361,11 +361,15 @@ def list_runs(settings: StudioSettings = Depends(studio)) -> dict[str, Any]:
     for entry in sorted(root.iterdir()):
         try:
             if entry.name.startswith(".") or not inside(root, entry) or not _is_run(entry):
-                continue
+                continue  # a run directory linked from outside is not listed (named, it is refused)
         except OSError:  # unreadable: not shown, as any directory that is not a run
             continue
         try:
             check_name(entry.name)
+            problem = run_problem(root, entry)
+            if problem is not None:
+                notes.append(f"{entry.name!r} is not shown: {problem}")
+                continue
             runs.append(run_summary(entry))
         except HTTPException:
             notes.append(

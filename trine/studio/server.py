@@ -13,6 +13,9 @@ from collections.abc import Iterator
 from trine.studio.app import create_app
 from trine.studio.settings import LOOPBACK, StudioSettings, new_token
 
+GRACE_SECONDS = 5
+"""On SIGTERM / Ctrl-C, requests still running get this long before the server stops anyway."""
+
 
 def is_loopback(host: str) -> bool:
     if host in LOOPBACK:
@@ -34,7 +37,14 @@ def ensure_token(settings: StudioSettings, host: str) -> bool:
 def _server(settings: StudioSettings, host: str, port: int):
     import uvicorn
 
-    config = uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=GRACE_SECONDS,
+    )
     return uvicorn.Server(config)
 
 

@@ -33,6 +33,10 @@ class StudioSettings:
     """Config files named on the command line, offered as templates in the config editor."""
     plugins: list[Path] = field(default_factory=list)
     """Plugin files loaded at start (from the command line; the browser never names one)."""
+    max_body_bytes: int = 1 << 20
+    """Largest request body (a config's YAML, a batch of answers): 413 beyond, before it is parsed."""
+    max_import_bytes: int = 64 << 20
+    """Largest body of a Label Studio import (``POST /api/runs/NAME/annotations/import``)."""
 
     def annotator(self, token: str | None) -> str | None:
         """The annotator whose token this is (constant-time compare), else None."""

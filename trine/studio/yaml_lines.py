@@ -8,6 +8,12 @@ inherits what it does not set from the top level, so ``stages.1.trainer.lr`` tha
 write points at the top-level ``trainer.lr`` when that one is written. Errors about a whole config or
 stage (``<root>: ...``, ``stages.1: ...``) point at the first key path their message names.
 Lines are 1-based.
+
+:func:`compose` is also the studio's bound on YAML from the browser: at most :data:`MAX_NODES` nodes,
+aliases counted at their expanded size (a "billion laughs" text of a few hundred bytes that expands to
+10⁹ nodes is refused as soon as its count passes the bound, before anything expands it), nested at most
+:data:`MAX_DEPTH` deep (the composer recurses per level), and no alias inside its own anchor (an endless,
+self-containing value), each refusal a :class:`YamlTooBig` at its line.
 """
 
 from __future__ import annotations
@@ -22,14 +28,82 @@ _NAMED = re.compile(r"(?<![\w./])([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)+)")
 _STAGE = re.compile(r"^stages\.(\d+)$")
 
 
+MAX_NODES = 20_000
+"""Nodes a config text may hold, aliases counted at their expanded size (a run config has a few hundred)."""
+MAX_DEPTH = 64
+"""Levels of nesting a config text may have (a run config has about five)."""
+
+
+class YamlTooBig(yaml.MarkedYAMLError):
+    """A YAML text over :data:`MAX_NODES` or :data:`MAX_DEPTH`, at the node where it went over."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """A safe loader whose composer counts nodes (an alias as the nodes it stands for) and depth."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its expanded size, for aliases to it
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            node = super().compose_node(parent, index)
+            if id(node) not in self._sizes:  # its anchor is still being composed: the alias is inside it
+                raise YamlTooBig(
+                    None,
+                    None,
+                    "an alias (*name) inside the node its anchor names makes an endless value",
+                    mark,
+                )
+            self._count(self._sizes[id(node)], mark)
+            return node
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise YamlTooBig(
+                None,
+                None,
+                f"the YAML is nested more than {MAX_DEPTH} levels deep (a run config has about five); "
+                "flatten it",
+                mark,
+            )
+        before = self._nodes
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        self._count(1, mark)
+        self._sizes[id(node)] = self._nodes - before
+        return node
+
+    def _count(self, n: int, mark: Any) -> None:
+        self._nodes += n
+        if self._nodes > MAX_NODES:
+            raise YamlTooBig(
+                None,
+                None,
+                f"the YAML holds more than {MAX_NODES} nodes, aliases (*name) counted as the nodes they "
+                "repeat (a run config has a few hundred); remove the repetition",
+                mark,
+            )
+
+
 def compose(text: str) -> yaml.Node | None:
-    """The YAML node tree of ``text`` (None when empty); raises ``yaml.YAMLError`` on bad syntax."""
-    return yaml.compose(text, Loader=yaml.SafeLoader)
+    """The YAML node tree of ``text`` (None when empty); raises ``yaml.YAMLError`` on bad syntax and
+    :class:`YamlTooBig` past :data:`MAX_NODES` or :data:`MAX_DEPTH`."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_node()
+    finally:
+        loader.dispose()
 
 
 def syntax_error(err: yaml.YAMLError) -> dict[str, Any]:
-    """A YAML syntax error as one editor error: ``{"path": None, "line", "message"}``."""
+    """A YAML syntax error as one editor error: ``{"path": None, "line", "message"}`` (a
+    :class:`YamlTooBig` says its own words)."""
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    if isinstance(err, YamlTooBig):
+        return {"path": None, "line": mark.line + 1 if mark is not None else None, "message": err.problem}
     problem = getattr(err, "problem", None) or str(err)
     context = getattr(err, "context", None)
     text = f"{context}, {problem}" if context else problem

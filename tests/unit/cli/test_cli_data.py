@@ -337,3 +337,54 @@ def test_plugin_operators_of_the_run_are_not_needed_to_read_its_buffer(tmp_path)
     config["buffer"]["operators"] = [{"name": "only_in_a_plugin_file"}]
     write_config(tmp_path / "config.yaml", config)
     assert [e.task_id for e, _ in read_rows(tmp_path)] == ["t"]
+
+
+def test_drop_pending_by_age_session_or_id_prints_what_it_dropped(run_dir):
+    """Rows a reward will never come for (an agent that crashed): dropped by age, session or id, shown
+    as ``expired`` afterwards, never trained; other rows are left alone."""
+    import time
+
+    def served(i: int, session: str) -> Experience:
+        info = {"session_id": session, "response_ids": [f"chatcmpl-{i}"]}
+        return Experience(tokens=[1, 2, 3], prompt_length=2, action_mask=[1], task_id=session, info=info)
+
+    old = SQLBuffer(f"sqlite:///{run_dir / 'buffer.db'}", clock=lambda: time.time() - 7200)
+    old.put([served(0, "s-old"), served(1, "s-old")])  # put two hours ago
+    old.close()
+    new = SQLBuffer(f"sqlite:///{run_dir / 'buffer.db'}")
+    new.put([served(2, "s-new")])
+    new.close()
+    pending = {e.task_id: e.id for e, _ in read_rows(run_dir, "pending")}  # t6, t7, s-old (x2), s-new
+
+    aged = runner.invoke(app, ["buffer", "drop-pending", str(run_dir), "--older-than", "1h"])
+    assert aged.exit_code == 0, aged.output
+    lines = aged.output.splitlines()
+    assert lines[0] == f"dropped 2 pending experience(s) in {run_dir} (now expired, never trained):"
+    assert len(lines) == 3 and all(
+        "put 2.0h ago  task_id=s-old  session_id=s-old" in line for line in lines[1:]
+    ), lines
+    by_session = runner.invoke(app, ["buffer", "drop-pending", str(run_dir), "--session", "s-new"])
+    assert by_session.output.splitlines()[1].startswith(f"  {pending['s-new']}  put ")
+    by_id = runner.invoke(
+        app, ["buffer", "drop-pending", str(run_dir), "--id", pending["t6"], "--id", "nope"]
+    )
+    assert by_id.output.splitlines() == [
+        f"dropped 1 pending experience(s) in {run_dir} (now expired, never trained):",
+        f"  {pending['t6']}  put 0s ago  task_id=t6",
+    ]
+    again = runner.invoke(app, ["buffer", "drop-pending", str(run_dir), "--id", pending["t6"]])
+    assert again.output.strip() == f"no pending experience in {run_dir} matches; nothing dropped"
+
+    assert [e.task_id for e, _ in read_rows(run_dir, "pending")] == ["t7"]
+    assert sorted(e.task_id for e, _ in read_rows(run_dir, "expired")) == ["s-new", "s-old", "s-old", "t6"]
+    assert len(read_rows(run_dir, "trained")) == 4 and len(read_rows(run_dir, "ready")) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [([], "give --older-than, --session or --id"), (["--older-than", "soon"], "expected a duration")],
+)
+def test_drop_pending_needs_a_filter_and_a_duration(run_dir, args, words):
+    result = runner.invoke(app, ["buffer", "drop-pending", str(run_dir), *args])
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert len(read_rows(run_dir, "pending")) == 2

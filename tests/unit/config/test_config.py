@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from tests.helpers import write_config
+from trine.cli import app
 from trine.config import ConfigError, RunConfig, apply_overrides, load_config, load_yaml, merge, validate_dict
 
 
@@ -228,6 +230,22 @@ def test_bad_override_paths_are_config_errors():
         apply_overrides(data, ["trainer.lr.x=1"])
     with pytest.raises(ConfigError, match="not of the form key.sub=value"):
         apply_overrides(data, ["trainer.lr"])
+
+
+def test_override_values_that_are_not_yaml_are_config_errors_naming_the_key(tmp_path):
+    """``trainer.lr=[1,`` used to escape as PyYAML's raw parser error (exit 1); now every bad override is
+    named in one ConfigError, which the CLI turns into exit 2 (issue 25 item 12)."""
+    with pytest.raises(ConfigError) as err:
+        apply_overrides({"trainer": {"lr": 1.0}}, ["trainer.lr=[1,", "tasks.batch_size={", "seed"])
+    assert len(err.value.errors) == 3, err.value.errors
+    assert err.value.errors[0].startswith("override trainer.lr='[1,': the value is not YAML")
+    assert "tasks.batch_size=" in err.value.errors[1] and "not of the form" in err.value.errors[2]
+
+    config = tmp_path / "c.yaml"
+    config.write_text("name: x\n")
+    result = CliRunner().invoke(app, ["validate", str(config), "trainer.lr=[1,"])
+    assert result.exit_code == 2, result.output
+    assert "override trainer.lr='[1,': the value is not YAML" in result.output
 
 
 # -- stages and command-line overrides ---------------------------------------------------------------

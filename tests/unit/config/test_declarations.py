@@ -149,12 +149,15 @@ def test_settings_of_carries_every_serve_key(monkeypatch):
         max_concurrent=3,
         max_queue=5,
         max_prompt_tokens=77,
+        max_chars_per_token=9,
         max_tokens=40,
         default_max_tokens=9,
         max_n=2,
         session_timeout=8.0,
         weights_poll_seconds=0.5,
         request_timeout=7.0,
+        keep_alive_timeout=11.0,
+        idempotency_keys=12,
     )
     assert set(serve.model_fields_set) == set(ServeConfig.model_fields), "set every serve key above"
     monkeypatch.setenv("TRINE_TEST_DECLARED_KEY", "token")

@@ -394,7 +394,7 @@ def test_reward_timeouts_are_counted_and_named_apart_from_workflow_timeouts(engi
 
 def test_too_many_skips_stop_with_the_reasons_and_one_bad_batch_only_warns(engine, caplog):
     explorer = Explorer(engine, timeout=0.3, max_retries=0, max_skip_ratio=0.5, warn_skip_ratio=0.2)
-    good = lambda b: [task(f"ok{b}-{i}", repeat=1) for i in range(4)]  # noqa: E731
+    good = lambda b: [task(f"ok{b}-{i}", repeat=2) for i in range(4)]  # noqa: E731
     bad = lambda b: [  # noqa: E731
         task(f"raise{b}", workflow="test_raising"),
         task(f"hang{b}", workflow="test_hanging"),
@@ -408,15 +408,42 @@ def test_too_many_skips_stop_with_the_reasons_and_one_bad_batch_only_warns(engin
     }
     with caplog.at_level("WARNING", logger="trine.explorer"):
         explorer.explore(good(0), batch_index=0, version=0)
-        _, metrics = explorer.explore(bad(1), batch_index=1, version=0)  # 4 of 8 skipped: not more than half
+        _, metrics = explorer.explore(bad(1), batch_index=1, version=0)  # 8 of 16 answers: not more than half
     assert metrics["explorer/skipped"] == 4.0
-    assert "batch 1 skipped 4 of 4 tasks (empty: 2, error: 1, timeout: 1)" in caplog.text
+    assert "batch 1: 8 of 8 answers failed (4 of 4 tasks skipped: empty 2, error 1, timeout 1)" in caplog.text
     with pytest.raises(SkipRatioError) as info:
-        explorer.explore(bad(2), batch_index=2, version=0)  # 8 of 12
+        explorer.explore(bad(2), batch_index=2, version=0)  # 16 of 24
     explorer.close()
     message = str(info.value)
-    assert "8 of 12 tasks of the last 3 batch(es) were skipped" in message
+    assert "16 of 24 answers of the last 3 batch(es) failed" in message
     assert "explorer.max_skip_ratio=0.5" in message
+    assert "8 of 12 tasks were skipped" in message
     assert "empty: 4 (e.g. task empty2-1: the workflow returned no experiences)" in message
     assert "error: 2 (e.g. task raise2: RuntimeError: environment crashed)" in message
     assert "timeout: 2 (e.g. task hang2: the workflow timed out after explorer.timeout=0.3s)" in message
+
+
+def failing_reward(response: str, task: Task) -> float:
+    raise ConnectionError(f"grader unreachable for {task.task_id}")
+
+
+def test_answers_whose_reward_fails_count_as_failures_and_stop_the_run(engine, caplog):
+    """Issue 25 item 7: every reward call raised, every answer was ``reward_error``, and the run went on to
+    finish. Failed answers count with skipped tasks against ``max_skip_ratio``; the error names them."""
+    explorer = Explorer(engine, timeout=10.0, max_retries=0, max_skip_ratio=0.5, warn_skip_ratio=0.1)
+    mixed = [task("fine", repeat=2), task("broken", reward=f"{__name__}:failing_reward", repeat=2)]
+    with caplog.at_level("WARNING", logger="trine.explorer"):
+        experiences, metrics = explorer.explore(mixed, batch_index=0, version=0)  # 2 of 4: not more than half
+    assert metrics["explorer/status_reward_error"] == 2.0 and metrics["explorer/skipped"] == 0.0
+    assert "batch 0: 2 of 4 answers failed (reward_error 2)" in caplog.text
+    broken = [task(f"b{i}", reward=f"{__name__}:failing_reward", repeat=2) for i in range(2)]
+    with pytest.raises(SkipRatioError) as info:
+        explorer.explore(broken, batch_index=1, version=0)  # 6 of 8
+    explorer.close()
+    message = str(info.value)
+    assert "6 of 8 answers of the last 2 batch(es) failed" in message
+    assert (
+        "answers with status reward_error: 6 (e.g. task b1: ConnectionError: grader unreachable for b1)"
+        in message
+    )
+    assert "explorer.max_skip_ratio=0.5" in message and "fix the workflow or reward" in message

@@ -96,3 +96,98 @@ def test_run_checks_before_writing_the_run_directory(project):
     with pytest.raises(PreflightError, match="is empty"):
         run(stages)
     assert not (project / "run").exists()
+
+
+def test_a_model_without_tokenizer_json_is_refused_before_anything_is_written(project):
+    """Issue 25 item 8: without tokenizer.json, transformers builds a 3-token tokenizer from
+    tokenizer_config.json that encodes every prompt as nothing, and the run trained on empty prompts."""
+    from trine.loop import run
+
+    (project / "model" / "tokenizer.json").unlink()
+    assert (project / "model" / "tokenizer_config.json").is_file()  # what lets it load at all
+    stages = _stages({**_config(), "run_dir": str(project / "run")}, project)
+    with pytest.raises(PreflightError) as info:
+        run(stages)
+    (error,) = info.value.errors
+    model = str(project / "model")
+    assert error.startswith(f"model.path: the tokenizer in {model} has no vocabulary")
+    assert "it has tokenizer_config.json but no tokenizer.json" in error
+    assert "encodes every prompt as nothing" in error
+    assert "trine init-model" in error and "model.tokenizer_path" in error
+    assert not (project / "run").exists()
+
+
+def _edit_tokenizer(project: Path, change) -> None:
+    import json
+
+    path = project / "model" / "tokenizer.json"
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_a_tokenizer_json_that_loses_the_prompt_is_refused(project):
+    _edit_tokenizer(project, lambda data: data.update(decoder=None))  # byte-level tokens decode as "Ġis"
+    (project / "words.jsonl").write_text('{"question": "What is 1+1?", "answer": "2"}\n')
+    with pytest.raises(PreflightError) as info:
+        check(_stages(_config("words.jsonl"), project))
+    (error,) = info.value.errors
+    assert "cannot round-trip the first prompt of tasks.train (task 'train/0'), 'What is 1+1?'" in error
+    assert "12 characters encode as" in error and "Ġis" in error
+    assert "broken or belongs to another model" in error
+
+
+def test_a_tokenizer_json_with_a_tiny_vocabulary_is_refused(project):
+    def tiny(data):
+        data["model"].update(vocab={"1": 0, "+": 1, "?": 2}, merges=[])
+        data["added_tokens"] = []
+
+    _edit_tokenizer(project, tiny)
+    with pytest.raises(PreflightError) as info:
+        check(_stages(_config(), project))
+    (error,) = info.value.errors
+    assert "its vocabulary has only 3 tokens" in error
+
+
+def test_a_model_with_remote_tokenizer_code_is_not_judged_by_its_file_names(project):
+    (project / "model" / "tokenizer.json").unlink()
+    data = {**_config(), "model": {"path": "model", "trust_remote_code": True}}
+    check(_stages(data, project))
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("not a url://x", "is not a database URL"),
+        ("postgresql+psycopg://u@h:port/db", "is not a database URL"),
+        ("foodb://host/db", "SQLAlchemy knows no database 'foodb'"),
+        ("mysql+pymysql://u:secret@localhost/db", "the 'pymysql' driver of mysql is not installed"),
+        ("sqlite:///:memory:", "is an in-memory SQLite database"),
+        (
+            "sqlite:///runs/a\x00b.db",
+            "holds a NUL character",
+        ),  # crashed preflight (ValueError): a 500 in the studio
+        ("postgresql+psycopg://u:secret@127.0.0.1:1/db", "cannot connect (OperationalError"),
+    ],
+)
+def test_a_bad_buffer_url_is_found_before_training(project, url, expected):
+    """Issue 25 item 12: a bad buffer.url was found only once a stage had trained and put its first batch."""
+    pytest.importorskip("psycopg")
+    data = {**_config(), "buffer": {"storage": "sql", "url": url}}
+    with pytest.raises(PreflightError) as info:
+        check(_stages(data, project))
+    (error,) = info.value.errors
+    assert error.startswith("buffer.url: ") and expected in error, error
+    assert "secret" not in error
+
+
+def test_a_sqlite_buffer_whose_directory_cannot_be_made_is_refused(project):
+    (project / "a_file").write_text("")
+    data = {**_config(), "buffer": {"storage": "sql", "url": f"sqlite:///{project}/a_file/sub/buffer.db"}}
+    with pytest.raises(PreflightError) as info:
+        check(_stages(data, project))
+    (error,) = info.value.errors
+    assert "cannot be created" in error and "a_file is a file" in error
+    good = {**_config(), "buffer": {"storage": "sql", "url": f"sqlite:///{project}/new/dir/buffer.db"}}
+    check(_stages(good, project))
+    assert not (project / "new").exists()  # checked, not created

@@ -102,6 +102,16 @@ def test_status_lists_each_process_the_buffer_and_the_published_weights(run_dir)
     assert code == 1, "an explorer is dead while the trainer runs"
 
 
+def test_a_finished_run_calls_its_untaken_batches_left_over_not_waiting(run_dir):
+    """Explorers run ahead of the trainer's last step; once it has finished, nothing will take those
+    batches, and "waiting" read as if the run were stuck (issue 25 item 12)."""
+    write_status(run_dir, "finished", step=12, pid=os.getpid(), host=HOST, heartbeat=now())
+    _, out = status(str(run_dir))
+    buffer_line = [line for line in out.splitlines() if line.startswith("  buffer:")][0]
+    assert buffer_line.endswith("2 explored batches left over (explored past the last step; not trained)")
+    assert "waiting" not in out
+
+
 def test_buffer_depth_matches_the_buffers_own_counts(run_dir):
     depth = run_status(run_dir).buffer
     buffer = open_buffer(run_buffer_config(run_dir), run_dir)

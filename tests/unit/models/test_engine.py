@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -297,3 +298,13 @@ def test_sampling_passes_the_kv_cache_under_the_name_transformers_takes(engine, 
 
     assert list(cache_kwargs(OldForward(), 1)) == ["past_key_values"]
     assert list(cache_kwargs(Wrapped(), 1)) == ["past_key_values"]
+
+
+def test_close_ends_the_worker_thread(model, tokenizer):
+    """A run's stages close their engines; the worker thread used to outlive every run (issue 25 item 12)."""
+    engine = HFEngine(model, tokenizer, seed=0)
+    engine.generate_batch([([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2))])
+    worker = [t for t in threading.enumerate() if t.ident == engine._worker_thread]
+    assert len(worker) == 1 and worker[0].is_alive()
+    engine.close()
+    assert not worker[0].is_alive()

@@ -586,9 +586,9 @@ def test_an_idle_session_is_written_pending_and_rewarded_later(engine):
     with serving(engine, buffer, settings) as s:
         s.client().chat.completions.create(**GOOD_CHAT, extra_body={"session_id": "idle"})
         deadline = time.monotonic() + 5
-        while buffer.metrics()["buffer/pending"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert s.server.metrics()["serve/sessions_expired"] == 1
+        while s.server.metrics()["serve/sessions_expired"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # counted once its write returned (the row is pending a moment before)
+        assert s.server.metrics()["serve/sessions_expired"] == 1 and buffer.metrics()["buffer/pending"] == 1
         assert s.post("/v1/feedback", {"session_id": "idle", "reward": 2.0}).status_code == 200
         assert s.post("/v1/feedback", {"session_id": "idle", "reward": 2.0}).status_code == 409
         [exp] = taken(buffer, 1)

@@ -214,6 +214,12 @@ def test_start_refuses_invalid_existing_and_bad_names(studio, tmp_path):
         "empty",
         "r1",
     ]
+    # valid for `trine run`, but init_preset would build the model under the root, outside the runs directory
+    outside = studio.post("/api/config/start", json={"yaml": GOOD, "name": "new"})
+    assert outside.status_code == 422 and not (runs / "new").exists() and not (tmp_path / "model").exists()
+    (error,) = outside.json()["detail"]["errors"]
+    assert error["path"] == "model.path" and error["line"] == _lines(GOOD)["path: model"]
+    assert "outside the runs directory" in error["message"] and "trine init-model tiny-1m" in error["message"]
 
 
 @pytest.mark.slow
@@ -225,8 +231,9 @@ def test_start_runs_a_detached_run_to_the_end(tmp_path):
     )
     settings = StudioSettings(runs_dir=tmp_path / "runs", root=tmp_path)
     run = (tmp_path / "runs" / "live").absolute()
+    text = GOOD.replace("path: model", "path: runs/shared-model")  # a model it builds: inside the runs dir
     with background(settings) as url:
-        response = httpx.post(f"{url}/api/config/start", json={"yaml": GOOD, "name": "live"}, timeout=30)
+        response = httpx.post(f"{url}/api/config/start", json={"yaml": text, "name": "live"}, timeout=30)
         assert response.status_code == 200, response.text
         pid = response.json()["pid"]
         assert response.json()["name"] == "live" and os.getsid(pid) == pid  # its own session
@@ -234,7 +241,7 @@ def test_start_runs_a_detached_run_to_the_end(tmp_path):
         environ = Path(f"/proc/{pid}/environ")
         seen = environ.read_bytes() if environ.is_file() else b""  # empty once the process has ended
         assert not seen or f"{registry.NO_IMPORTS_ENV}=".encode() in seen  # the run refuses import paths too
-        again = httpx.post(f"{url}/api/config/start", json={"yaml": GOOD, "name": "live"}, timeout=30)
+        again = httpx.post(f"{url}/api/config/start", json={"yaml": text, "name": "live"}, timeout=30)
         assert again.status_code == 409
     launch = run / "launch.yaml"  # the studio has stopped; the run goes on
     resolved = launch.read_text()
@@ -253,7 +260,7 @@ def test_start_runs_a_detached_run_to_the_end(tmp_path):
     log = (run / "launch.log").read_text() if (run / "launch.log").is_file() else ""
     assert state == "finished", log[-3000:]
     assert (run / "config.yaml").is_file() and (run / "metrics.jsonl").is_file()
-    assert Path(tmp_path / "model" / "config.json").is_file()  # built by init_preset, under the root
+    assert (tmp_path / "runs" / "shared-model" / "config.json").is_file()  # built by init_preset, inside
 
 
 def test_a_config_file_template_resolves_relative_paths_against_its_own_directory(tmp_path):
