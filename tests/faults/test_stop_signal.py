@@ -10,11 +10,13 @@ swallows it (outside the steps, where it is raised at once) still stops the run 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,61 +98,58 @@ def test_a_swallowed_sigterm_still_stops_the_run_and_it_resumes(fault_config, tm
     ] == [1, 2, 3, 4]
 
 
+@contextlib.contextmanager
+def handled(signum: int) -> Iterator[None]:
+    """:func:`on_stop_signal` handles ``signum`` inside the block, nothing recorded before or after."""
+    clear_stop()
+    previous = signal.signal(signum, on_stop_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
+        clear_stop()
+
+
 def test_check_stop_raises_what_the_handler_recorded():
     clear_stop()
     check_stop()  # nothing received: nothing raised
-    previous = signal.signal(signal.SIGTERM, on_stop_signal)
-    try:
+    with handled(signal.SIGTERM):
         try:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode boundary
         except Terminated:
             pass  # swallowed, as a careless library would
         with pytest.raises(Terminated):
             check_stop()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        clear_stop()
 
 
 def test_inside_the_steps_a_first_stop_waits_for_the_boundary_and_a_second_one_does_not(monkeypatch):
     import trine.status
 
-    clear_stop()
     monkeypatch.setattr(trine.status, "REPEAT_SECONDS", 0.2)
-    previous = signal.signal(signal.SIGTERM, on_stop_signal)
-    try:
+    with handled(signal.SIGTERM):
         with at_step_boundaries():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)  # the handler ran: recorded, not raised
             assert stop_requested()
             os.kill(os.getpid(), signal.SIGTERM)  # the same stop delivered again (a launcher forwarding it)
-            time.sleep(0.05)
-            time.sleep(0.2)
+            time.sleep(0.25)
             with pytest.raises(Terminated):  # a second stop: at once
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(1)
         with pytest.raises(Terminated):
             check_stop()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        clear_stop()
 
 
 def test_a_step_that_does_not_end_within_the_grace_is_stopped_at_once(monkeypatch):
     import trine.status
 
-    clear_stop()
     monkeypatch.setattr(trine.status, "STOP_GRACE_SECONDS", 0.3)
-    previous = signal.signal(signal.SIGINT, on_stop_signal)
-    try:
+    with handled(signal.SIGINT):
         start = time.monotonic()
         with pytest.raises(KeyboardInterrupt), at_step_boundaries():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(30)  # a step that never ends
         assert time.monotonic() - start < 5
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        clear_stop()
 
 
 STEPS = 8
