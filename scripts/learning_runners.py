@@ -60,7 +60,6 @@ def serve_agent(job, seed: int, env: dict, run_dir: Path, model: Path) -> list[d
         run_dir=str(run_dir / "serve"),
         model={"path": str(sft / "checkpoints" / f"step_{SFT_STEPS}")},
     )
-    config["tasks"]["train"]["path"] = str((source.parent / config["tasks"]["train"]["path"]).resolve())
     config["serve"]["port"] = 0  # a free port
     config["monitor"] = {"sinks": ["jsonl"], "plot": False}
     path = run_dir / "serve.yaml"

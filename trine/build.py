@@ -156,6 +156,11 @@ def build_stage(
     algorithm = build_algorithm(cfg)
     if cfg.tasks.source == "buffer":
         return _buffer_stage(cfg, algorithm, model, tokenizer, run_dir)
+    if cfg.tasks.source == "serve":  # the agents' calls to `trine serve` are the tasks: a trainer process
+        assert part == "trainer" and cfg.tasks.total_steps is not None, "config checks refuse anything else"
+        trainer = _trainer(cfg, algorithm, model, tokenizer, cfg.tasks.total_steps)
+        side, evaluator = _trainer_process(cfg, trainer, model, tokenizer, run_dir)
+        return Stage(cfg=cfg, trainer=side, total_steps=cfg.tasks.total_steps, evaluator=evaluator)
     scheduler = _scheduler(cfg, algorithm, run_dir)
     total = cfg.tasks.total_steps or scheduler.total_batches(cfg.tasks.batch_size)
     trainer = _trainer(cfg, algorithm, model, tokenizer, total)
@@ -308,6 +313,7 @@ def _trainer_process(
     only what this process took since its checkpoint) and weights published into ``<run_dir>/weights``."""
     from trine.buffer import open_buffer
     from trine.trainer.ranks import world
+    from trine.trainer.rewards import VersionRewards
 
     size, rank = world()
     if size == 1:
@@ -329,6 +335,7 @@ def _trainer_process(
         batch_size=cfg.trainer_batch_rows,  # a trainer process runs mode async
         get_timeout=cfg.buffer.get_timeout,
         on_worker=on_worker,
+        rewards=VersionRewards(),
     )
     return side, evaluator
 

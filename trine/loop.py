@@ -69,9 +69,12 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
     saved = st.step  # the stage's step of the newest checkpoint (this stage's start, or where it resumed)
     with at_step_boundaries(), contextlib.closing(modes.steps(st)) as steps:
         if st.step == 0 and cfg.eval.at_start and st.evaluator:
-            print(f"[{cfg.stage}] evaluating step {rd.step} on {st.evaluator.plan()} ...", flush=True)
-            record["eval_start"] = st.evaluator.evaluate(rd.step, rd.monitor)
-            rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
+            seen = st.evaluator.seen(rd.step, rd.summary["stages"])  # the previous stage's end: same weights
+            what = "reusing the evaluation of" if seen else "evaluating"
+            print(f"[{cfg.stage}] {what} step {rd.step} on {st.evaluator.plan()} ...", flush=True)
+            record["eval_start"] = seen or st.evaluator.evaluate(rd.step, rd.monitor)
+            if not seen:
+                rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
         if stop_requested():
             _stop_here(st, index, rd, saved)
         tick = time.perf_counter()
@@ -81,6 +84,7 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
             stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
             if st.evaluator and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
                 record["eval_end"] = st.evaluator.evaluate(rd.step, rd.monitor)
+                record["eval_key"] = st.evaluator.key(rd.step)
                 metrics.update(record["eval_end"])
             now = time.perf_counter()
             metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
@@ -100,6 +104,8 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
             tick = time.perf_counter()
         if stop_requested():  # the mode stopped waiting for a batch
             _stop_here(st, index, rd, saved)
+        if st.step >= st.total_steps and st.step != saved:  # the mode ended the stage after a step (idle)
+            rd.save(st, index, done=True)
 
 
 def _stop_here(st: Stage, index: int, rd: RunDir, saved: int) -> None:

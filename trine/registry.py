@@ -40,6 +40,7 @@ BUILTINS: dict[str, str] = {
     "model_preset": "trine.models.tiny:PRESETS",
     "engine": "trine.models:ENGINES",
     "scheduler": "trine.tasks:SCHEDULERS",
+    "generator": "trine.tasks.generators:GENERATORS",
     "environment": "trine.workflows.envs:ENVIRONMENTS",
     "tool": "trine.tools:TOOLS",
 }

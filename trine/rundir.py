@@ -99,6 +99,7 @@ class RunDir:
                 config=config,
                 resume_step=step,
             )
+            rd.monitor.sinks.append(_alarm_sink(stages, rd.heartbeat))
         except BaseException as err:
             rd.fail(err)
             raise
@@ -190,6 +191,22 @@ class RunDir:
         if self.heartbeat is not None:
             self.heartbeat.step = self.step
             self.heartbeat.end(state, **details)
+
+
+def _alarm_sink(stages: list[RunConfig], heartbeat: Heartbeat) -> Any:
+    """The sink that raises the stages' alarms (``monitor.alarms``), says each and keeps it in
+    ``status.json``."""
+    from trine.monitor.alarms import AlarmSink
+
+    def raised(alarm: Any) -> None:
+        say(f"ALARM {alarm.message}")
+        heartbeat.alarm(alarm.as_dict())
+
+    settings = {
+        s.stage: (s.monitor.alarms, s.tasks.train.sampling.max_tokens if s.tasks.train else None)
+        for s in stages
+    }
+    return AlarmSink(settings, raised)
 
 
 def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, Any], path: Path) -> None:

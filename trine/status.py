@@ -3,8 +3,9 @@
 A live run writes ``{"state": "running", "pid", "host", "started_at", "threads", "heartbeat", "step"}`` and
 refreshes ``heartbeat`` from a daemon thread every :data:`HEARTBEAT_SECONDS` (more often where
 ``sync.wait_timeout`` is short, :func:`beat_interval`), whatever the run is doing (a long step, an
-evaluation, a wait for batches), and ``step`` at every step; it ends with ``finished``, ``stopped``
-(``stop_after_steps``, or Ctrl-C / SIGTERM, with a ``reason``) or ``failed`` (with the error). Ctrl-C and
+evaluation, a wait for batches), ``step`` at every step and, once one is raised, ``alarms``
+(:mod:`trine.monitor.alarms`: ``kind``, ``step``, ``message``, ``numbers``); it ends with ``finished``,
+``stopped`` (``stop_after_steps``, or Ctrl-C / SIGTERM, with a ``reason``) or ``failed`` (with the error). Ctrl-C and
 SIGTERM stop a run at a step boundary with a checkpoint of that step (:func:`on_stop_signal`). A run killed
 outright (kill -9, out of memory, a lost machine) leaves ``running`` behind: :func:`describe` tells it
 from a live one by its pid (on the same host) and the age of its heartbeat. Every write replaces the
@@ -30,6 +31,13 @@ STALE_SECONDS = 60.0
 """A ``running`` status whose heartbeat is older than this belongs to a dead run."""
 MIN_HEARTBEAT_SECONDS = 0.25
 """The shortest heartbeat period :func:`beat_interval` gives (a status file written 4 times a second)."""
+REWARD_VERSION, REWARD_VERSION_MEAN, REWARD_VERSION_ROWS = (
+    "trainer/reward_version",
+    "trainer/reward_version_mean",
+    "trainer/reward_version_rows",
+)
+"""Metrics of a trainer process (:class:`trine.trainer.rewards.VersionRewards`), shown by ``trine status``:
+the newest weights version no longer sampled, and the mean reward and number of its rows trained."""
 
 
 def beat_interval(wait_timeout: float | None) -> float:
@@ -75,6 +83,8 @@ class Heartbeat:
             "started_at": _now(),
             **(about or {}),
         }
+        self.alarms: list[dict[str, Any]] = []
+        """Alarms raised so far (:mod:`trine.monitor.alarms`), in every write as ``alarms``."""
         self._lock = threading.Lock()
         self._ended = threading.Event()
         self.beat(step)
@@ -87,13 +97,21 @@ class Heartbeat:
             if self._ended.is_set():
                 return
             self.step = self.step if step is None else step
-            write_status(self.run_dir, "running", step=self.step, heartbeat=_now(), **self.identity)
+            write_status(self.run_dir, "running", step=self.step, heartbeat=_now(), **self._about())
+
+    def alarm(self, alarm: dict[str, Any]) -> None:
+        """Add a raised alarm (``kind``, ``step``, ``message``, ``numbers``) and write it at once."""
+        self.alarms.append(alarm)
+        self.beat()
+
+    def _about(self) -> dict[str, Any]:
+        return {**self.identity, **({"alarms": self.alarms} if self.alarms else {})}
 
     def end(self, state: str, **details: Any) -> None:
         """Stop the heartbeat and record the final ``state`` (finished / stopped / failed)."""
         with self._lock:
             self._ended.set()
-            write_status(self.run_dir, state, step=self.step, ended_at=_now(), **self.identity, **details)
+            write_status(self.run_dir, state, step=self.step, ended_at=_now(), **self._about(), **details)
 
     def _run(self) -> None:
         while not self._ended.wait(self.interval):

@@ -85,7 +85,12 @@ def test_bench_reproduces_the_runs_eval_numbers_and_writes_only_its_files(finish
     assert [r.step for r in result.rows] == [1, 2] and not any(r.cached for r in result.rows)
     for row in result.rows:  # bit-equal to what the run logged at that step, not merely close
         run_eval = {k: v for k, v in logged[row.step].items() if k.startswith("eval/")}
-        assert set(run_eval) == {"eval/parity/accuracy", "eval/parity/avg@3", "eval/parity/pass@3"}
+        assert set(run_eval) == {
+            "eval/parity/accuracy",
+            "eval/parity/avg@3",
+            "eval/parity/pass@3",
+            "eval/parity/return_mean",
+        }
         assert row.metrics == run_eval
     assert 0 < result.rows[0].metrics["eval/parity/avg@3"] < 1, "the parity reward must not be all-or-none"
     lines = read_bench(run_dir)

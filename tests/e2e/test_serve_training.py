@@ -7,13 +7,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import EXAMPLE, served_url, trine, write_config
+from tests.helpers import run_status, served_url, trine, write_config
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("fastapi", reason="trine serve needs the fastapi/uvicorn of the dev extra")
@@ -42,8 +44,8 @@ def _agent():
 def _config(tmp_path: Path, model: Path) -> Path:
     data = yaml.safe_load((ROOT / "examples" / "serve_agent" / "config.yaml").read_text())
     data.update(run_dir=str(tmp_path / "run"), model={"path": str(model)})
-    data["tasks"]["train"]["path"] = str(EXAMPLE / "data" / "train.jsonl")
     data["tasks"]["total_steps"] = ROUNDS
+    data["buffer"]["end_after_idle"] = None  # the test ends at total_steps
     data["serve"]["port"] = 0
     data["monitor"] = {"sinks": ["jsonl"], "plot": False}
     return write_config(tmp_path / "serve.yaml", data)
@@ -81,3 +83,57 @@ def test_a_black_box_agent_learns_through_trine_serve_and_trine_train(sft_start,
     assert last - first >= LIFT, [round(r["reward"], 3) for r in log]
     versions = [v for r in log for v in r["versions"]]
     assert versions[0] == 0 and max(versions) >= ROUNDS // 2, versions  # new weights were served
+
+
+def test_trine_train_ends_finished_once_the_agent_stops(tiny_model_dir, tmp_path):
+    """``buffer.end_after_idle`` (issue 26 item 6): the agent sends three rounds and stops; ``trine train``
+    (room for 50 steps) trains them, then ends by itself after the buffer stayed idle: exit 0, status
+    finished, a checkpoint of its last step, and the reward per weights version in its metrics and in
+    ``trine status``."""
+    config = _config(tmp_path, tiny_model_dir)
+    data = yaml.safe_load(config.read_text())
+    data["tasks"]["total_steps"] = 50
+    data["buffer"]["end_after_idle"] = 4
+    data["trainer"]["batch_size"] = 8  # 2 questions x 4 answers: one round per step
+    write_config(config, data)
+    server = trine("serve", str(config))
+    trainer = None
+    try:
+        url = served_url(server)
+        trainer = trine("train", str(config))
+        args = argparse.Namespace(
+            base_url=url,
+            api_key="EMPTY",
+            model="serve_agent",
+            rounds=3,
+            questions=2,
+            samples=4,
+            seed=0,
+            max_lag=1,
+        )
+        asyncio.run(_agent().main(args))
+        stopped = time.monotonic()
+        out, _ = trainer.communicate(timeout=240)
+        waited = time.monotonic() - stopped
+    finally:
+        for proc in (server, trainer):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
+    run_dir = tmp_path / "run"
+    assert trainer.returncode == 0, out
+    assert "ends at its step 3: no new row and no reward in the buffer for 4s" in out, out
+    assert waited < 60, waited
+    status = run_status(run_dir)
+    assert status["state"] == "finished" and status["step"] == 3, status
+    assert (run_dir / "checkpoints" / "step_3").is_dir(), sorted(
+        p.name for p in (run_dir / "checkpoints").iterdir()
+    )
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "trainer/reward_mean" in m]
+    assert len(steps) == 3 and steps[-1].get("trainer/reward_version") is not None, steps
+    from trine.inspect.report import run_status as report
+
+    assert report(run_dir).reward.startswith(
+        f"{steps[-1]['trainer/reward_mean']:.3g} at the last step; weights version"
+    )

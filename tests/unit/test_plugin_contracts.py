@@ -478,6 +478,25 @@ def model_preset_contract(c: Contract) -> None:
     assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 1
 
 
+@contract("generator")
+def generator_contract(c: Contract) -> None:
+    c.load("""
+        import trine
+
+        @trine.register("generator", "contract_rows")
+        def rows(size=2, seed=0):
+            return [{"question": f"{seed % 7 + i}+1=", "answer": str(seed % 7 + i + 1)} for i in range(size)]
+    """)
+    cfg = c.config(
+        "tasks.train.path=null", "tasks.train.generator=contract_rows", "tasks.train.generator_args={size: 3}"
+    )
+    c.rejects("contract_row", "tasks.train.path=null", "tasks.train.generator=contract_row")
+    from trine.build import build_taskset
+
+    taskset = build_taskset(cfg.tasks.train)  # what the run builds: rows seeded from the taskset's name
+    assert len(taskset) == 3 and taskset[0].raw["answer"] == str(int(taskset[0].raw["question"][:-3]) + 1)
+
+
 @contract("scheduler")
 def scheduler_contract(c: Contract) -> None:
     c.load("""

@@ -121,14 +121,24 @@ def head(
         None, help="Only this status (pending, ready, trained, stale, expired, rolled_back)."
     ),
     stage: str = STAGE,
+    tokens: bool = typer.Option(
+        False,
+        "--tokens",
+        help="Show which tokens train: trained (action_mask 1) highlighted, masked ones (prompt, template, "
+        "observations, tool output) marked ⟦…⟧ off a terminal.",
+    ),
 ) -> None:
-    """The top (or bottom) experiences by reward, decoded to text."""
+    """The top (or bottom) experiences by reward, decoded to text (``--tokens``: with the mask view that
+    ``trine check`` prints, :mod:`trine.inspect.mask_view`)."""
     from rich.console import Console
     from rich.table import Table
 
     rows = [(e, s) for e, s in _rows(run_dir, status, stage) if e.reward is not None or status == "pending"]
     rows.sort(key=lambda r: r[0].reward if r[0].reward is not None else 0.0, reverse=not bottom)
     tokenizer = _tokenizer(run_dir, stage)
+    if tokens:
+        _print_masks(rows[:n], tokenizer, Console())
+        return
     table = Table(title=f"{'bottom' if bottom else 'top'} {n} by reward", show_lines=True)
     for col in ("reward", "status", "version", "prompt", "response"):
         table.add_column(col)
@@ -141,6 +151,17 @@ def head(
             "-" if e.reward is None else f"{e.reward:.3f}", s, str(e.policy_version), prompt, response
         )
     Console().print(table)
+
+
+def _print_masks(rows: list, tokenizer, console) -> None:
+    """Each experience with its trained and masked tokens, reward (and parts), status and version."""
+    from trine.inspect.mask_view import experience_spans, print_spans
+
+    for e, s in rows:
+        parts = ", ".join(f"{k} {v:g}" for k, v in (e.info.get("reward_parts") or {}).items())
+        reward = "pending" if e.reward is None else f"{e.reward:.3f}" + (f" ({parts})" if parts else "")
+        title = f"task {e.task_id}, reward {reward}, {s}, version {e.policy_version}"
+        print_spans(console, experience_spans(tokenizer, e), title)
 
 
 @buffer_app.command("export")

@@ -83,6 +83,9 @@ def check(
     turns: int = typer.Option(3, "--turns", min=1, help="Model turns of each sampled conversation."),
     seed: int = typer.Option(None, "--seed", help="Sampling seed (default: the config's seed)."),
     max_tokens: int = typer.Option(48, "--max-tokens", min=1, help="Most tokens sampled per turn."),
+    episodes: int = typer.Option(
+        2, "--episodes", min=0, help="Real episodes of the configured workflow to play and show (0: none)."
+    ),
     tolerance: float = typer.Option(
         None, "--tolerance", help="Largest |engine - trainer| logprob (default: fp32 1e-3, bf16 0.25)."
     ),
@@ -91,17 +94,25 @@ def check(
     plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
 ) -> None:
     """Check the config's model before a long run: chat template round trip, multi-turn token fidelity,
-    action-mask alignment, rollout-engine vs trainer logprobs (plain, top-p, top-k). Exit code: 0 no
-    check failed, 1 a check failed, 2 a bad config."""
+    action-mask alignment, rollout-engine vs trainer logprobs (plain, top-p, top-k); a few real episodes of
+    the configured workflow shown with their trained and masked tokens, per-turn logprob agreement and
+    reward parts; reward probes (padded, repeated, truncated, junk-appended, empty answers). Exit code: 0
+    no check failed, 1 a check failed (--strict: or warned), 2 a bad config."""
     import json
 
     from trine.inspect.check import estimate, print_report, run_checks
 
     stages = _load(config, overrides or [], plugin)
-    typer.echo(estimate(stages[0], turns, max_tokens), err=True)  # before torch and the model load
+    typer.echo(estimate(stages[0], turns, max_tokens, episodes), err=True)  # before torch and the model load
     try:
         report = run_checks(
-            stages[0], turns=turns, seed=seed, max_tokens=max_tokens, tolerance=tolerance, config=str(config)
+            stages[0],
+            turns=turns,
+            seed=seed,
+            max_tokens=max_tokens,
+            tolerance=tolerance,
+            config=str(config),
+            episodes=episodes,
         )
     except ValueError as err:
         typer.secho(str(err), fg=typer.colors.RED, err=True)

@@ -11,6 +11,7 @@ from trine import registry
 from trine.config.arguments import arguments_problems
 from trine.config.devices import loaded_dtype
 from trine.config.engines import VLLM_ENGINES, engine_problems
+from trine.config.serve import serve_run_problems, serve_source_problems
 
 if TYPE_CHECKING:
     from trine.config import RunConfig, TasksConfig
@@ -155,7 +156,7 @@ def mode_problems(cfg: RunConfig) -> list[str]:
             f"sync.sync_offset={cfg.sync.sync_offset} is for mode sync; in mode async the explorer runs "
             "freely, bounded by buffer.max_staleness: remove sync_offset"
         )
-    problems += _process_problems(cfg) + feedback_problems(cfg)
+    problems += _process_problems(cfg) + feedback_problems(cfg) + serve_run_problems(cfg)
     if cfg.sync.method == "shared" and cfg.mode == "async":
         problems.append(
             "sync.method 'shared' with mode async: an explorer that runs ahead of the trainer cannot "
@@ -166,7 +167,9 @@ def mode_problems(cfg: RunConfig) -> list[str]:
 
 def source_problems(tasks: TasksConfig, mode: str) -> list[str]:
     """``tasks.source: buffer`` (a trainer-only stage on the rows of a persistent buffer): mode train, a
-    step count, no taskset to train on."""
+    step count, no taskset to train on. ``tasks.source: serve``: :func:`trine.config.serve.serve_source_problems`."""
+    if tasks.source == "serve":
+        return serve_source_problems(tasks, mode)
     if tasks.source != "buffer":
         return []
     problems = []

@@ -26,7 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "ray": ("ray",),
     "lora": ("peft",),
     "vllm": ("vllm",),
-    "envs": ("gymnasium", "textarena"),
+    "envs": ("gymnasium", "textarena", "reasoning_gym", "websockets", "httpx"),
     "postgres": ("psycopg",),
     "data": ("data_juicer", "ray", "aiohttp"),
 }
@@ -38,6 +38,8 @@ NAMED: dict[tuple[str, str], tuple[str | None, tuple[str, ...]]] = {
     ("engine", "openai"): ("agents", ("openai",)),
     ("environment", "textarena"): ("envs", ("textarena",)),
     ("environment", "gym"): ("envs", ("gymnasium",)),
+    ("generator", "reasoning_gym"): ("envs", ("reasoning_gym",)),
+    ("reward", "reasoning_gym"): ("envs", ("reasoning_gym",)),
     ("operator", "data_juicer"): ("data", ("data_juicer", "ray", "aiohttp")),
     ("monitor", "wandb"): (None, ("wandb",)),
     ("monitor", "mlflow"): (None, ("mlflow",)),
@@ -157,4 +159,10 @@ def _taskset_problems(cfg: RunConfig) -> list[str | None]:
         if isinstance(env, str):
             where = f"tasks.{key}.workflow_args.env: {env}"
             found.append(_named("environment", env, where, "use another environment"))
+        found.append(_named("reward", ts.reward, f"tasks.{key}.reward: {ts.reward}", "use another reward"))
+    every = [("train", t.train), *((f"mix.{i}", m) for i, m in enumerate(t.mix)), ("expert", t.expert)]
+    for key, ts in [*every, *((f"eval.{i}", e) for i, e in enumerate(t.eval))]:
+        if ts is not None and ts.generator is not None:  # rows are made in every mode
+            where = f"tasks.{key}.generator: {ts.generator}"
+            found.append(_named("generator", ts.generator, where, "give the taskset a path instead"))
     return found

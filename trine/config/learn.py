@@ -76,6 +76,11 @@ class BufferConfig(BufferRules):
 
     get_timeout: Positive = 600.0
     """Seconds the trainer waits for a batch before failing with a clear error."""
+    end_after_idle: Positive | None = None
+    """Seconds after which a trainer process (``trine train``) whose buffer got no new row and no reward
+    ends its stage, finished, with a checkpoint: the agents (``trine serve``) or explorers are done.
+    Counted once the stage has trained a step; below ``sync.wait_timeout``. None: wait (up to
+    ``sync.wait_timeout``, then fail)."""
 
     _storage = field_validator("storage")(lambda v: _check_name("storage", v))
 
@@ -254,7 +259,28 @@ class EvalConfig(Section):
     k: NonNegInt = 8
     """Samples per task at the taskset's temperature for ``avg@k`` and ``pass@k`` (0: off)."""
     success_threshold: float = 1.0
-    """A sample counts as correct when its reward is at least this."""
+    """A rollout counts as a success when its reward (a multi-step rollout: its episode return) is at least
+    this: eval's ``accuracy`` and ``avg@k`` / ``pass@k``, training's ``explorer/success_rate`` and the
+    scheduler's pass rates. For a return that is a fraction (share of games won), set the share that counts."""
+
+
+class AlarmsConfig(Section):
+    """The run's alarms (:mod:`trine.monitor.alarms`): signs that the policy learns to game its reward,
+    each printed once when raised and kept in ``status.json`` (``trine status``, the studio)."""
+
+    enabled: bool = True
+    """Watch the logged metrics for the alarms below (false: no alarm at all)."""
+    reward_vs_eval: Annotated[float, Field(gt=0)] | None = 0.05
+    """Raise ``reward_vs_eval`` when, between the last two evaluations, the training reward rose and the
+    eval's main metric (accuracy, else avg@k, else pass@k) fell, each by at least this much (null: off)."""
+    truncation: Annotated[float, Field(gt=0, le=1)] | None = 0.9
+    """Raise ``truncation`` when ``explorer/truncated_fraction`` averages at least this over the last
+    ``window`` steps (null: off)."""
+    length: Annotated[float, Field(gt=0, le=1)] | None = 0.95
+    """Raise ``length`` when single-turn responses average at least this fraction of the train taskset's
+    ``sampling.max_tokens`` over the last ``window`` steps (null: off)."""
+    window: Annotated[int, Field(ge=1)] = 5
+    """Training steps averaged by the ``truncation`` and ``length`` alarms."""
 
 
 class MonitorConfig(Section):
@@ -262,6 +288,8 @@ class MonitorConfig(Section):
     """Metric sinks: console, jsonl, tensorboard, wandb, mlflow or ``package.module:Class``."""
     plot: bool = True
     """Write PNG curves into ``<run_dir>/plots`` at the end of the run."""
+    alarms: AlarmsConfig = AlarmsConfig()
+    """Alarms on reward hacking and truncation during the run."""
 
     @field_validator("sinks")
     @classmethod

@@ -178,8 +178,17 @@ class SamplingConfig(Section):
 
 
 class TasksetConfig(Section):
-    path: str
-    """A local .jsonl/.json/.parquet file, a directory of them, or a ``datasets`` save_to_disk directory."""
+    path: str | None = None
+    """A local .jsonl/.json/.parquet file, a directory of them, or a ``datasets`` save_to_disk directory
+    (None: the rows come from ``generator``)."""
+    generator: str | None = None
+    """Instead of ``path``, rows made in memory by a task generator (:mod:`trine.tasks.generators`):
+    ``reasoning_gym`` (reasoning-gym's procedural generators; needs the ``envs`` extra), ``arithmetic``
+    (Trine's ``a+b=`` sums) or ``package.module:function`` returning row dicts."""
+    generator_args: dict[str, Any] = {}
+    """Keyword arguments of ``generator``; for ``reasoning_gym``: ``dataset`` (the generator's name, e.g.
+    ``leg_counting``), ``size`` (rows), ``seed`` and the generator's own settings. A missing ``seed`` is
+    hashed from the taskset's ``name`` (train and eval sets then differ). docs/environments.md."""
     name: str = "train"
     """Name used in task ids and metric keys (``eval/<name>/accuracy``)."""
     split: str | None = None
@@ -224,16 +233,34 @@ class TasksetConfig(Section):
     _paths = field_validator("path")(_resolve_path)
     _workflow = field_validator("workflow")(lambda v: _check_name("workflow", v))
     _reward = field_validator("reward")(lambda v: _check_name("reward", v))
+    _generator = field_validator("generator")(lambda v: _check_name("generator", v))
 
     @field_validator("path")
     @classmethod
-    def _exists(cls, v: str) -> str:
-        if not Path(v).exists():
+    def _exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).exists():
             raise ValueError(
                 f"taskset file {v!r} does not exist; check the path (relative paths are resolved "
                 "against the config file's directory)."
             )
         return v
+
+    @property
+    def origin(self) -> str:
+        """Where the rows come from, for messages: the path, or ``generator NAME``."""
+        return self.path if self.path is not None else f"generator {self.generator}"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TasksetConfig:
+        if (self.path is None) == (self.generator is None):
+            given = "both path and generator are set" if self.path else "neither path nor generator is set"
+            raise ValueError(
+                f"a taskset reads its rows from path (a local data file) or makes them with generator (e.g. "
+                f"reasoning_gym with generator_args {{dataset: leg_counting}}), but {given}; give one"
+            )
+        if self.generator is None and self.generator_args:
+            raise ValueError("generator_args is set without a generator; remove it or set generator")
+        return self
 
     @model_validator(mode="after")
     def _one_prompt(self) -> TasksetConfig:
@@ -247,15 +274,18 @@ class TasksetConfig(Section):
 
 class TasksConfig(Section):
     train: TasksetConfig | None = None
-    """The taskset explored (RL) or trained on (``train`` mode); not used with ``source: buffer``."""
-    source: Literal["taskset", "buffer"] = "taskset"
+    """The taskset explored (RL) or trained on (``train`` mode); not used with ``source: buffer`` or ``serve``."""
+    source: Literal["taskset", "buffer", "serve"] = "taskset"
     """Where ``mode: train`` gets its batches. ``taskset``: rows of ``tasks.train`` (SFT rows, or DPO pairs
     from its ``chosen_key`` / ``rejected_key``). ``buffer``: rows that land in the persistent buffer
     (``buffer.storage: sql`` or ``file``; another run's with ``buffer.url``; the annotated preference pairs
     with ``buffer.storage_args: {table: preferences}``), with no extra step: each step takes
     ``batch_size`` rows (pairs for DPO) by ``buffer.get``, waiting up to ``buffer.get_timeout`` seconds
     for them. The stage ends after ``total_steps``, or earlier when no batch arrives within that time (the
-    run summary's ``ended`` says so; a last partial batch stays in the buffer)."""
+    run summary's ``ended`` says so; a last partial batch stays in the buffer). ``serve``: the tasks are the
+    calls of agents to ``trine serve`` (mode async, ``launch: processes``, ``buffer.storage: sql``, no
+    taskset): run ``trine serve CONFIG`` and ``trine train CONFIG``, which takes ``trainer.batch_size`` rewarded
+    rows per step (docs/serve.md)."""
     eval: list[TasksetConfig] = []
     """Tasksets evaluated every ``eval.every`` steps."""
     mix: list[TasksetConfig] = []

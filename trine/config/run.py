@@ -147,7 +147,9 @@ class RunConfig(Section):
         """Experiences the trainer takes per step where explorer and trainer run at their own pace (mode
         async): ``trainer.batch_size``, else one explored batch's worth, ``tasks.batch_size`` ×
         ``tasks.train.repeat``. (Modes sync and train take one explored batch whole, whatever its size.)"""
-        return self.trainer.batch_size or self.tasks.batch_size * self.tasks.train.repeat
+        if self.trainer.batch_size or self.tasks.train is None:  # tasks.source: serve requires batch_size
+            return self.trainer.batch_size or self.tasks.batch_size
+        return self.tasks.batch_size * self.tasks.train.repeat
 
     @property
     def processes(self) -> bool:
@@ -189,7 +191,8 @@ class RunConfig(Section):
         if self.tasks.train is None and self.tasks.source == "taskset":
             raise ValueError(
                 "tasks.train is required: the taskset to explore (or to train on in train mode; or set "
-                "mode: train with tasks.source: buffer to train on the rows of a persistent buffer)"
+                "mode: train with tasks.source: buffer to train on the rows of a persistent buffer, or "
+                "tasks.source: serve when agents bring their own tasks to `trine serve`)"
             )
         problems = (
             mode_problems(self) + auxiliary_problems(self) + trainer_problems(self) + extras_problems(self)

@@ -3,11 +3,14 @@ call it, and the limits that keep one client from starving the others (re-export
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, model_validator
 
 from trine.config.base import Count, NonNegInt, Positive, Section
+
+if TYPE_CHECKING:
+    from trine.config import RunConfig, TasksConfig
 
 
 class ServeConfig(Section):
@@ -60,3 +63,58 @@ class ServeConfig(Section):
                 "lower it or raise max_tokens"
             )
         return self
+
+
+def serve_source_problems(tasks: TasksConfig, mode: str) -> list[str]:
+    """``tasks.source: serve`` (the agents calling ``trine serve`` bring the tasks): mode async, a step
+    count, no taskset."""
+    problems = []
+    if mode != "async":
+        problems.append(
+            f"tasks.source: serve trains on the calls agents make to `trine serve`, which runs beside a `trine "
+            f"train` process of mode async (mode is {mode!r}); set mode: async"
+        )
+    if tasks.total_steps is None:
+        problems.append(
+            "tasks.source: serve needs tasks.total_steps (the most steps; buffer.end_after_idle ends the stage "
+            "earlier once the agents stop)"
+            + (
+                f"; tasks.epochs={tasks.epochs} does not apply to served calls: remove it"
+                if tasks.epochs
+                else ""
+            )
+        )
+    for key, given in (("train", tasks.train), ("mix", tasks.mix), ("expert", tasks.expert)):
+        if given:
+            problems.append(
+                f"tasks.{key} is not read with tasks.source: serve (the agents send their own prompts to "
+                f"`trine serve`); remove it, or remove tasks.source to explore a taskset with `trine explore`"
+            )
+    return problems
+
+
+def serve_run_problems(cfg: RunConfig) -> list[str]:
+    """What a served run (``tasks.source: serve``) needs beyond its tasks: its processes, a SQL buffer
+    (:func:`trine.config.checks._process_problems` says so), the rows per step; and ``buffer.end_after_idle``
+    below ``sync.wait_timeout`` in any run."""
+    problems = []
+    idle, wait = cfg.buffer.end_after_idle, cfg.sync.wait_timeout
+    if idle is not None and wait is not None and idle >= wait:
+        problems.append(
+            f"buffer.end_after_idle={idle:g} is not below sync.wait_timeout={wait:g}: the trainer would fail "
+            "waiting for a batch before it ends idle; lower end_after_idle or raise wait_timeout"
+        )
+    if cfg.tasks.source != "serve":
+        return problems
+    if cfg.launch != "processes" or cfg.cluster.backend != "local":
+        problems.append(
+            f"tasks.source: serve runs as two processes on this machine's run directory, `trine serve CONFIG` "
+            f"and `trine train CONFIG` (launch is {cfg.launch!r}, cluster.backend {cfg.cluster.backend!r}); set "
+            "launch: processes and remove cluster.backend"
+        )
+    if cfg.trainer.batch_size is None:
+        problems.append(
+            "tasks.source: serve needs trainer.batch_size, the rewarded rows each step trains on (e.g. 128 "
+            "for 16 questions x 8 answers per agent round: a multiple of the agent's group size)"
+        )
+    return problems

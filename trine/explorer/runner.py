@@ -36,6 +36,7 @@ from typing import Any
 from trine import registry
 from trine.blocking import BlockingPool, CallTimeout, use_pool
 from trine.explorer.failures import FailureWindow
+from trine.explorer.outcomes import Outcome, outcome_metrics, outcomes
 from trine.models.auxiliary import AuxiliaryModels
 from trine.models.protocol import RolloutModel
 from trine.types import Experience, Task, new_id
@@ -183,6 +184,7 @@ class Explorer:
                 e.run_id = e.run_id or new_id("run-")
                 e.policy_version = version
                 e.info.setdefault("batch", index)
+                e.info.setdefault("taskset", task.taskset)
                 if _truncates(task.sampling):  # the trainer replays it (trine.models.sampling)
                     e.info.setdefault("top_k", task.sampling.top_k)
                     e.info.setdefault("top_p", task.sampling.top_p)
@@ -214,7 +216,9 @@ class Explorer:
         success_threshold: float = 1.0,
         samples: list[dict[str, Any]] | None = None,
     ) -> dict[str, float]:
-        """Greedy accuracy and avg@k / pass@k at the tasks' temperature, as ``eval/<name>/*``.
+        """Greedy accuracy and avg@k / pass@k at the tasks' temperature, as ``eval/<name>/*``, and what the
+        rollouts came to (:func:`~trine.explorer.outcomes.outcome_metrics`: ``return_mean``,
+        ``invalid_actions``, ``turns_mean``) over the sampled rollouts (the greedy ones when ``k`` is 0).
 
         Sampling runs inside ``model.seeded(seed)``, so evaluation never disturbs the training
         sampling stream (and is reproducible). When ``samples`` is a list, one row per task
@@ -222,16 +226,20 @@ class Explorer:
         sampled one when ``greedy`` is off) is appended to it, e.g. for a table of eval samples.
         """
         out: dict[str, float] = {}
+        drawn: list[list[Outcome]] = []
         with self.model.seeded(seed):
             if greedy:
-                g = [_eval_task(t, 1, 0.0) for t in tasks]
-                correct = await self._success(g, success_threshold, samples, "greedy")
+                drawn = await self._draw([_eval_task(t, 1, 0.0) for t in tasks], samples, "greedy")
+                correct = _successes(drawn, success_threshold)
                 out[f"eval/{name}/accuracy"] = statistics.fmean(c[0] for c in correct)
             if k > 0:
                 s = [_eval_task(t, k, None) for t in tasks]
-                correct = await self._success(s, success_threshold, None if greedy else samples, "sampled")
+                drawn = await self._draw(s, None if greedy else samples, "sampled")
+                correct = _successes(drawn, success_threshold)
                 out[f"eval/{name}/avg@{k}"] = statistics.fmean(x for c in correct for x in c)
                 out[f"eval/{name}/pass@{k}"] = statistics.fmean(float(any(c)) for c in correct)
+        flat = [o for task_outcomes in drawn for o in task_outcomes]
+        out.update(outcome_metrics(flat, success_threshold, f"eval/{name}/", success=False))
         return out
 
     def close_workflows(self, timeout: float = 30.0) -> None:
@@ -258,14 +266,14 @@ class Explorer:
         self.pool.close()
 
     # ------------------------------------------------------------------ internals
-    async def _success(
-        self, tasks: list[Task], threshold: float, samples: list | None = None, mode: str = ""
-    ) -> list[list[float]]:
-        """Per task, 1/0 per rollout: its reward (a multi-step rollout: its episode return) >= threshold.
-        With ``samples``, each task's first rollout is appended to it as a row."""
-        outcomes = await self._run_all(tasks)
+    async def _draw(
+        self, tasks: list[Task], samples: list | None = None, mode: str = ""
+    ) -> list[list[Outcome]]:
+        """Per task, the outcome of each of its rollouts ([] when it was skipped). With ``samples``, each
+        task's first rollout is appended to it as a row."""
+        results = await self._run_all(tasks)
         if samples is not None:
-            for task, outcome in zip(tasks, outcomes):
+            for task, outcome in zip(tasks, results):
                 exps, returns = outcome[0], rollout_returns(outcome[0])
                 question = task.question
                 if not isinstance(question, str):  # chat messages
@@ -279,10 +287,7 @@ class Explorer:
                         "mode": mode,
                     }
                 )
-        return [
-            [float(r is not None and r >= threshold) for r in rollout_returns(outcome[0])] or [0.0]
-            for outcome in outcomes
-        ]
+        return [outcomes(result[0]) for result in results]
 
     async def _run_all(
         self, tasks: list[Task], stats: list[_TaskStats] | None = None
@@ -506,6 +511,12 @@ def rollout_returns(exps: list[Experience]) -> list[float | None]:
     if any("last_step" in e.info for e in exps):
         return [e.info.get("episode_return", e.reward) for e in exps if e.info.get("last_step")]
     return [e.reward for e in exps]
+
+
+def _successes(drawn: list[list[Outcome]], threshold: float) -> list[list[float]]:
+    """Per task, 1/0 per rollout: its return (a multi-step rollout: its episode return) >= ``threshold``
+    ([0.0] for a skipped task)."""
+    return [[float(o.value is not None and o.value >= threshold) for o in task] or [0.0] for task in drawn]
 
 
 def _eval_task(task: Task, k: int, temperature: float | None) -> Task:

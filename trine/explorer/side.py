@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trine.explorer.outcomes import batch_metrics
 from trine.explorer.shaping import pass_rates, shape_batch
 from trine.types import Experience, Task
 
@@ -88,7 +89,8 @@ class ExplorerSide:
     """Tasks per explored batch (``tasks.batch_size``)."""
     shaping: Shaping
     success_threshold: float
-    """Reward at which a rollout counts as a success (pass-rate feedback to the scheduler)."""
+    """Return at which a rollout counts as a success (pass-rate feedback to the scheduler,
+    ``explorer/success_rate``)."""
     operators: Pipeline | None = None
     expert: ExpertRows | None = None
     producer: str | None = None
@@ -163,6 +165,7 @@ class ExplorerSide:
         the put, with ``metrics`` and ``extra`` as its report. Call it under :attr:`gate`."""
         if feedback:
             self.scheduler.feedback(*pass_rates(experiences, self.success_threshold))
+        metrics.update(batch_metrics(experiences, self.success_threshold))
         experiences = self._shape(experiences, metrics, index, version, refill)
         if self.operators is not None:
             experiences, op_metrics = self.operators(experiences, step=index)

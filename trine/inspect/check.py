@@ -18,6 +18,12 @@ logprobs that are not what the trainer recomputes. ``trine check`` loads the con
    the engine reports ``log_softmax(logits / T)`` *before* truncation, which is what the trainer recomputes,
    so the two must agree within a tolerance that depends on the dtype. What the sampler really drew from
    (the distribution renormalised over the kept tokens) differs from that: the size of the gap is reported.
+5. **Real episodes** (:mod:`trine.inspect.episodes`): the first ``episodes`` train tasks played once each
+   with the configured workflow, environment, tools and reward through the run's explorer, printed with the
+   trained tokens highlighted and the masked ones (prompt, template, observations, tool output) marked
+   (:mod:`trine.inspect.mask_view`), with the per-turn logprob agreement and the reward and its parts.
+6. **Reward probes** (:mod:`trine.inspect.reward_probes`): padded, repeated, truncated, junk-appended and
+   empty answers scored with the configured reward; a WARN when one scores near the correct answer.
 
 :func:`run_checks` returns a :class:`CheckReport`; :func:`print_report` prints it (rich table) and
 ``CheckReport.as_dict()`` is the ``--json`` output.
@@ -36,7 +42,9 @@ from trine.config import RunConfig
 from trine.types import SamplingParams
 
 if TYPE_CHECKING:  # torch and the probes are imported when the checks run, after the estimate is printed
-    from trine.inspect.probes import CheckRow, Sampled, Segment
+    from trine.inspect.episodes import Episode
+    from trine.inspect.mask_view import Span
+    from trine.inspect.probes import CheckRow, Sampled
 
 TOLERANCE: dict[str, float] = {"float32": 1e-3, "float16": 5e-2, "bfloat16": 2.5e-1}
 """Largest ``|engine logprob - trainer logprob|`` accepted on a trained token, by the model's dtype: the
@@ -54,8 +62,10 @@ class CheckReport:
     seed: int
     turns: int
     rows: list[CheckRow]
-    conversation: list[Segment]
-    """The plain-sampling conversation, in mask runs (shown with the trained tokens highlighted)."""
+    conversation: list[Span]
+    """The plain-sampling probe conversation, in mask runs (``--json`` only)."""
+    episodes: list[Episode]
+    """The real episodes played (printed with the trained tokens highlighted)."""
     seconds: float = 0.0
 
     @property
@@ -83,6 +93,7 @@ def run_checks(
     max_tokens: int = 48,
     tolerance: float | None = None,
     config: str = "",
+    episodes: int = 2,
 ) -> CheckReport:
     """Load ``cfg``'s model and tokenizer and run every check (see the module docstring).
 
@@ -93,9 +104,13 @@ def run_checks(
         max_tokens: most tokens sampled per turn (also bounded by the train taskset's ``max_tokens``).
         tolerance: largest accepted |engine - trainer| logprob (None: :data:`TOLERANCE` of the dtype).
         config: the config's path, for the report's header.
+        episodes: real episodes of the configured workflow to play (0: none).
     """
-    if turns < 1 or max_tokens < 1:
-        raise ValueError(f"turns={turns}, max_tokens={max_tokens}; both must be >= 1 (e.g. --turns 3).")
+    if turns < 1 or max_tokens < 1 or episodes < 0:
+        raise ValueError(
+            f"turns={turns}, max_tokens={max_tokens}, episodes={episodes}; expected turns and max_tokens "
+            ">= 1 and episodes >= 0 (e.g. --turns 3 --episodes 2)."
+        )
     if tolerance is not None and not tolerance > 0:
         raise ValueError(f"tolerance={tolerance}; expected a number > 0 (e.g. 1e-3).")
     if cfg.tasks.train is None:  # tasks.source: buffer
@@ -103,7 +118,9 @@ def run_checks(
             "trine check samples tasks.train's first row; this stage trains on a buffer: check a config with one"
         )
     from trine.build import load_policy
+    from trine.inspect.episodes import episode_rows, play_episodes
     from trine.inspect.probes import CheckRow, fidelity_row, logprob_rows, mask_row, template_rows
+    from trine.inspect.reward_probes import reward_probe_row
     from trine.threads import threads_for
 
     started = time.perf_counter()
@@ -114,19 +131,22 @@ def run_checks(
         opening, sampling = _opening(cfg)
         rows = template_rows(tokenizer, opening, _stop_ids(model, tokenizer))
         samples, why = _sample(cfg, model, tokenizer, opening, sampling, turns, seed, max_tokens)
-        conversation: list[Segment] = []
+        conversation: list[Span] = []
+        if tolerance is None:
+            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+            tolerance = TOLERANCE.get(dtype, TOLERANCE["bfloat16"])
         if samples:
             rows.append(fidelity_row(tokenizer, samples[0]))
             mask, conversation = mask_row(tokenizer, samples[0])
             rows.append(mask)
-            if tolerance is None:
-                dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-                tolerance = TOLERANCE.get(dtype, TOLERANCE["bfloat16"])
             for sample in samples:
                 rows += logprob_rows(model, tokenizer, sample, tolerance)
         else:
             for name in ("multi-turn token fidelity", "action-mask alignment", "engine vs trainer logprobs"):
                 rows.append(CheckRow(name, "SKIP", "-", why))
+        played = play_episodes(cfg, model, tokenizer, episodes, seed) if episodes else []
+        rows += episode_rows(played, tolerance)
+        rows.append(reward_probe_row(cfg))
     param = next(model.parameters())
     return CheckReport(
         config=config,
@@ -137,6 +157,7 @@ def run_checks(
         turns=turns,
         rows=rows,
         conversation=conversation,
+        episodes=played,
         seconds=time.perf_counter() - started,
     )
 
@@ -153,7 +174,7 @@ def _opening(cfg: RunConfig) -> tuple[list[dict[str, Any]], SamplingParams]:
     tasks = build_taskset(cfg.tasks.train.model_copy(update={"limit": 1}))
     if not len(tasks):
         raise ValueError(
-            f"tasks.train ({cfg.tasks.train.path}) has no usable row; trine check opens its conversation "
+            f"tasks.train ({cfg.tasks.train.origin}) has no usable row; trine check opens its conversation "
             "with the first one. Check the file and its prompt_key / messages_key."
         )
     task = tasks[0]
@@ -227,11 +248,13 @@ IMPORT_SECONDS = 4.0
 _WIDTH = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def estimate(cfg: RunConfig, turns: int, max_tokens: int) -> str:
+def estimate(cfg: RunConfig, turns: int, max_tokens: int, episodes: int = 2) -> str:
     """What ``trine check`` is about to do and about how long it will take, to say before it starts (nothing
     is loaded: the model's size comes from its weight files or its preset). The rates are measured on a
     2-core CPU (tiny-1m, 3 turns of 6 tokens: ~8 s, half of it importing torch and transformers): per
-    sampled token a fixed cost plus reading every weight once; the range is half to twice the estimate."""
+    sampled token a fixed cost plus reading every weight once; the range is half to twice the estimate.
+    The ``episodes`` are counted as one turn of the train taskset's ``max_tokens`` each (a multi-turn game
+    takes longer)."""
     params = _parameters(cfg)
     device = cfg.model.device
     gpu = device.startswith("cuda") or (device == "auto" and Path("/dev/nvidiactl").exists())
@@ -239,11 +262,13 @@ def estimate(cfg: RunConfig, turns: int, max_tokens: int) -> str:
     train = cfg.tasks.train
     tokens = min(max_tokens, train.sampling.max_tokens) if train is not None else max_tokens
     steps = 3 * turns * (tokens + 2)  # plain, top-p and top-k conversations; each turn also a trainer forward
+    steps += episodes * ((train.sampling.max_tokens if train is not None else tokens) + 2)
     per_step = 0.03 + size / 5e11 if gpu else 0.05 + size / 3e9
     seconds = IMPORT_SECONDS + 0.5 + size / 3e8 + steps * per_step
     return (
         f"trine check: loads {cfg.model.path} ({params / 1e6:.1f}M parameters) and samples 3 conversations of "
-        f"{turns} turn(s), up to {tokens} tokens each, on the {'GPU' if gpu else 'CPU'}: expect about "
+        f"{turns} turn(s), up to {tokens} tokens each, and plays {episodes} episode(s) of the configured "
+        f"workflow, on the {'GPU' if gpu else 'CPU'}: expect about "
         f"{_duration(seconds)} ({_duration(seconds / 2)} to {_duration(seconds * 2)})"
     )
 
@@ -277,9 +302,9 @@ _STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "bold red", "INFO": "cyan", "
 
 
 def print_report(report: CheckReport, console: Any = None) -> None:
-    """Print the conversation (trained tokens in bold green) and the table of checks."""
+    """Print the real episodes (trained tokens highlighted, masked ones marked: :func:`print_episodes`) and
+    the table of checks."""
     from rich.console import Console
-    from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
 
@@ -288,12 +313,7 @@ def print_report(report: CheckReport, console: Any = None) -> None:
         f"trine check {report.config}: model {report.model} ({report.dtype}, {report.device}), "
         f"{report.turns} turn(s), seed {report.seed}"
     )
-    if report.conversation:
-        text = Text()
-        for seg in report.conversation:
-            text.append(seg.text, style="bold green" if seg.trained else "dim")
-        title = "sampled conversation: [bold green]trained tokens (action_mask 1)[/], [dim]not trained[/]"
-        console.print(Panel(text, title=title, title_align="left"))
+    print_episodes(report.episodes, console)
     table = Table(title="trine check", show_lines=False)
     for col, ratio in (("check", 3), ("result", 1), ("value", 3), ("detail", 7)):
         table.add_column(col, overflow="fold", ratio=ratio, no_wrap=col == "result")
@@ -305,3 +325,21 @@ def print_report(report: CheckReport, console: Any = None) -> None:
     verdict = "FAILED" if report.failed else "OK"
     style = "bold red" if report.failed else "bold green"
     console.print(f"[{style}]{verdict}[/] ({report.seconds:.1f}s)")
+
+
+def print_episodes(episodes: list[Episode], console: Any) -> None:
+    """Each episode's experiences with their trained and masked tokens (:func:`~trine.inspect.mask_view.
+    print_spans`), reward and reward parts."""
+    from trine.inspect.mask_view import print_spans
+
+    for k, ep in enumerate(episodes, 1):
+        head = f"episode {k} ({ep.workflow}, task {ep.task_id})"
+        if ep.skipped:
+            console.print(f"{head}: skipped ({ep.skipped})", markup=False, highlight=False)
+            continue
+        for j, step in enumerate(ep.steps, 1):
+            parts = ", ".join(f"{name} {v:g}" for name, v in step.parts.items())
+            reward = "pending" if step.reward is None else f"{step.reward:g}"
+            where = f", experience {j}/{len(ep.steps)}" if len(ep.steps) > 1 else ""
+            title = f"{head}{where}: reward {reward}" + (f" ({parts})" if parts else "")
+            print_spans(console, step.spans, title)

@@ -77,7 +77,7 @@ def _taskset_problems(cfg: RunConfig, key: str, ts: TasksetConfig, loaded: dict[
     """Load the taskset as the run will; then check the fields a supervised stage trains on."""
     tasks = _load(ts, loaded)
     if isinstance(tasks, Exception):
-        return [f"{key} ({ts.path}): {tasks}"]
+        return [f"{key} ({ts.origin}): {tasks}"]
     if key == "tasks.expert":
         return _missing_field(tasks, key, "response_key", ts.response_key)
     if key != "tasks.train" or cfg.mode != "train":

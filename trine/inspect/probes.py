@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import torch
 
+from trine.inspect.mask_view import Span, experience_spans
 from trine.models.batching import collate, forward_logprobs
 from trine.models.sampling import kept_set
 from trine.tools import format_tool_call
@@ -74,14 +75,6 @@ class CheckRow:
     """Why it matters (printed once under the table)."""
     data: dict[str, Any] = field(default_factory=dict)
     """Machine-readable measurements (``--json``)."""
-
-
-@dataclass
-class Segment:
-    """A run of the sampled conversation's tokens that is trained (mask 1) or not."""
-
-    text: str
-    trained: bool
 
 
 @dataclass
@@ -341,18 +334,15 @@ def _where(traj: Trajectory, i: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------ 3. mask
-def mask_row(tokenizer: Any, sample: Sampled) -> tuple[CheckRow, list[Segment]]:
+def mask_row(tokenizer: Any, sample: Sampled) -> tuple[CheckRow, list[Span]]:
     """Every trained token (mask 1) is a sampled one and no template/observation token is trained, in
     the concatenated experience and the step-wise ones; also the conversation in mask runs."""
     traj = sample.traj
     exp = traj.experience(None, temperature=sample.params.temperature)
     start, mask = exp.prompt_length, exp.action_mask
-    runs = _runs(mask)
-    decode = [
-        tokenizer.decode(exp.tokens[start + a : start + b], skip_special_tokens=False) for a, b, _ in runs
-    ]
-    trained = [exp.tokens[start + a : start + b] for a, b, v in runs if v]
-    untrained = [text for text, (_, _, v) in zip(decode, runs) if not v]
+    spans = experience_spans(tokenizer, exp)
+    trained = [exp.tokens[s.start : s.end] for s in spans if s.trained]
+    untrained = [s.text for s in spans if not s.trained and s.start >= start]
     sampled = [list(c.response_ids) for c in sample.completions]
     problems = []
     if not len(mask) == len(exp.tokens) - start == len(exp.logprobs):
@@ -377,23 +367,10 @@ def mask_row(tokenizer: Any, sample: Sampled) -> tuple[CheckRow, list[Segment]]:
     for t, step in enumerate(traj.turn_experiences(None)):
         if step.tokens[step.prompt_length :] != sampled[t] or not all(step.action_mask):
             problems.append(f"the step-wise experience of turn {t + 1} is not that turn's sampled tokens")
-    head = tokenizer.decode(exp.tokens[:start], skip_special_tokens=False)
-    segments = [Segment(head, False)] + [Segment(text, bool(v)) for text, (_, _, v) in zip(decode, runs)]
     value = f"{sum(mask)} of {len(mask)} response tokens trained, {len(trained)} turns"
     detail = "; ".join(problems) or "trained = sampled tokens only; template and observations untrained"
     result: Result = "FAIL" if problems else "OK"
-    return CheckRow("action-mask alignment", result, value, detail, data={"problems": problems}), segments
-
-
-def _runs(mask: list[int]) -> list[tuple[int, int, int]]:
-    """``(start, end, value)`` of each run of equal values."""
-    out: list[tuple[int, int, int]] = []
-    for i, v in enumerate(mask):
-        if out and out[-1][2] == v:
-            out[-1] = (out[-1][0], i + 1, v)
-        else:
-            out.append((i, i + 1, v))
-    return out
+    return CheckRow("action-mask alignment", result, value, detail, data={"problems": problems}), spans
 
 
 # ------------------------------------------------------------------------------------------ 4. logprobs

@@ -14,7 +14,8 @@ writing anything:
   pending, ready, trained, stale, expired, rolled_back, the names ``trine buffer`` and the studio use),
   and explored batches not taken yet;
 - the newest published weights version (``<run_dir>/weights``, :class:`~trine.sync.published.
-  PublishedWeights`).
+  PublishedWeights`);
+- the alarms the run raised (``status.json``'s ``alarms``, :mod:`trine.monitor.alarms`), one line each.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class ProcessStatus:
     pid: int | None = None
     host: str | None = None
     heartbeat: str | None = None
+    alarms: list[dict[str, Any]] = field(default_factory=list)
+    """Alarms the process raised (``status.json``'s ``alarms``: :mod:`trine.monitor.alarms`)."""
 
 
 @dataclass
@@ -87,6 +90,9 @@ class RunStatus:
     buffer_note: str = ""
     """Why there is no buffer depth (memory buffer, no config, no database yet), else empty."""
     published: int | None = None
+    reward: str = ""
+    """What the trainer process of a served run or a run with explorer processes trained on: its last
+    step's mean reward, and the mean of the newest complete weights version (:func:`reward_text`)."""
 
     @property
     def exit_code(self) -> int:
@@ -103,9 +109,11 @@ class RunStatus:
         """The text ``trine status`` prints: one line for a plain run (as always), else a header, one
         line per process, the buffer and the published weights."""
         t = self.trainer
+        alarms = [f"  ALARM {a.get('kind')} at step {a.get('step')}: {a.get('message')}" for a in self.alarms]
         if not self.processes:
             line = f"{self.run_dir}: {t.state} at step {'?' if t.step is None else t.step}"
-            return [f"{line} ({t.why.splitlines()[0]})" if t.why else line]
+            rewards = [f"  reward: {self.reward}"] if self.reward else []
+            return [f"{line} ({t.why.splitlines()[0]})" if t.why else line, *rewards, *alarms]
         count = len(self.explorers)
         out = [f"{self.run_dir}: trainer and {count} explorer{'s' if count != 1 else ''}"]
         out += [f"  {_process_line(p)}" for p in (t, *self.explorers)]
@@ -114,7 +122,14 @@ class RunStatus:
             out[-1] += f"; {self.buffer.batches_waiting} explored batches {self._batches_word()}"
         shown = "none yet" if self.published is None else f"version {self.published}"
         out.append(f"  weights: published {shown}")
-        return out
+        if self.reward:
+            out.append(f"  reward: {self.reward}")
+        return out + alarms
+
+    @property
+    def alarms(self) -> list[dict[str, Any]]:
+        """Every process's alarms, the trainer's first."""
+        return [a for p in (self.trainer, *self.explorers) for a in p.alarms]
 
     def _batches_word(self) -> str:
         """What the explored batches not taken are: ``waiting`` while the trainer may still take them
@@ -138,6 +153,8 @@ class RunStatus:
             "buffer": asdict(self.buffer) if self.buffer else None,
             "buffer_note": self.buffer_note or None,
             "published_version": self.published,
+            "reward": self.reward or None,
+            "alarms": self.alarms,
         }
 
 
@@ -166,6 +183,8 @@ def run_status(run_dir: str | Path, details: bool = False) -> RunStatus:
         key=lambda p: int(p.name),
     )
     report = RunStatus(run_dir, trainer, processes=(run_dir / "explorers").is_dir())
+    if report.processes or (run_dir / "servers").is_dir():  # a trainer process (`trine train`)
+        report.reward = reward_text(run_dir / "metrics.jsonl")
     if not (report.processes or details):
         return report
     report.published = published_version(run_dir)
@@ -203,7 +222,21 @@ def process_status(name: str, directory: Path, version_key: str) -> ProcessStatu
         pid=record.get("pid"),
         host=record.get("host"),
         heartbeat=record.get("heartbeat"),
+        alarms=[a for a in record.get("alarms") or [] if isinstance(a, dict)],
     )
+
+
+def reward_text(metrics: Path) -> str:
+    """``0.42 at the last step; weights version 11: 0.4 (128 rows)`` from a trainer's metrics
+    (``trainer/reward_mean``, :data:`trine.status.REWARD_VERSION` ...); empty before its first reward."""
+    from trine.status import REWARD_VERSION, REWARD_VERSION_MEAN, REWARD_VERSION_ROWS
+
+    last, version = last_value(metrics, "trainer/reward_mean"), last_value(metrics, REWARD_VERSION)
+    parts = [] if last is None else [f"{last:.3g} at the last step"]
+    mean, rows = last_value(metrics, REWARD_VERSION_MEAN), last_value(metrics, REWARD_VERSION_ROWS)
+    if version is not None and mean is not None:
+        parts.append(f"weights version {version:.0f}: {mean:.3g} ({rows or 0:.0f} rows)")
+    return "; ".join(parts)
 
 
 def last_value(path: Path, key: str) -> float | None:

@@ -67,11 +67,16 @@ def as_process(stages: list[RunConfig], command: str) -> RunConfig:
             f"{len(stages)} stage(s) of mode(s) {modes}. Use `trine run` for it, or give a single-stage "
             "config with mode: async."
         )
+    if command in ("explore", "run") and stages[0].tasks.source == "serve":
+        raise ProcessSetupError(
+            f"`trine {command}` explores a taskset, but this config has tasks.source: serve (agents bring the "
+            "tasks): start `trine serve CONFIG` for the agents and `trine train CONFIG` for the trainer instead"
+        )
     from pydantic import ValidationError
 
     cfg = stages[0].model_copy(update={"launch": "processes"})
     try:  # the checks for processes (a SQL buffer, published weights, ...) with launch set
-        RunConfig.model_validate(cfg.model_dump())
+        RunConfig.model_validate(cfg.model_dump(), context={"mode": cfg.mode})  # as validate_dict does
     except ValidationError as err:
         problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in err.errors())
         raise ProcessSetupError(f"`trine {command}`: {problems}") from None
@@ -291,6 +296,7 @@ def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConf
             "the trainer ranks with `torchrun --nproc-per-node N -m trine.cli train CONFIG` and the explorers "
             "with `trine explore CONFIG --explorer-id I --explorers N` instead"
         )
+    as_process([cfg], "run")  # refuses what `trine train` + `trine explore` cannot run (tasks.source: serve)
     from trine.threads import SHARE_ENV
 
     base = [sys.executable, "-m", "trine.cli"]

@@ -107,14 +107,19 @@ def trainer_steps(stage: Stage) -> Iterator[dict[str, float]]:
     """A trainer process (``trine train``): publish the current weights, then train on what explorer
     processes put in the shared buffer, waiting up to ``sync.wait_timeout`` for each batch. Stops earlier
     (:class:`~trine.launch.liveness.PeerGone`) once every explorer that wrote a status file is dead,
-    stopped or failed and none came back within ``sync.wait_timeout`` (:mod:`trine.launch.liveness`)."""
+    stopped or failed and none came back within ``sync.wait_timeout`` (:mod:`trine.launch.liveness`).
+    With ``buffer.end_after_idle``, a buffer idle that long after a trained step ends the stage at that
+    step (finished: the loop checkpoints it)."""
     from trine.launch.liveness import ExplorersWatch, PeerGone
+    from trine.trainer.sources import BufferIdle
 
     trainer, cfg = stage.trainer, stage.cfg
     assert trainer.sync is not None
     trainer.sync.push(trainer.trainer.model, trainer.version)  # explorers start (again) from these weights
     limit = cfg.sync.wait_timeout
     explorers = ExplorersWatch(cfg.run_path, limit)
+    idle_after = cfg.buffer.end_after_idle
+    idle = None if idle_after is None else BufferIdle(trainer.buffer, idle_after)
     waited = 0.0
     while stage.step < stage.total_steps:
         try:
@@ -123,6 +128,10 @@ def trainer_steps(stage: Stage) -> Iterator[dict[str, float]]:
             waited += POLL_SECONDS
             if stop_requested():
                 return  # a stop signal: the loop checkpoints the step it is at
+            if idle is not None and stage.step > 0 and (why := idle.why()):
+                stage.total_steps = stage.step  # the last step trained ends the stage
+                print(f"stage {cfg.stage} ends at its step {stage.step}: {why}", flush=True)
+                return
             if gone := explorers.check():
                 raise PeerGone(gone) from None
             if limit is not None and waited >= limit:
@@ -134,4 +143,6 @@ def trainer_steps(stage: Stage) -> Iterator[dict[str, float]]:
                 ) from None
             continue
         waited = 0.0
+        if idle is not None:
+            idle.reset()
         yield metrics

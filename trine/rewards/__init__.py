@@ -39,6 +39,7 @@ from typing import Any
 from trine.rewards.basic import exact_match, format_reward, numeric_match
 from trine.rewards.judge import llm_judge
 from trine.rewards.math import math_reward, math_with_format
+from trine.rewards.reasoning_gym import reasoning_gym_reward
 from trine.types import Task
 
 REWARDS: dict[str, Callable[..., float | dict[str, float]]] = {
@@ -48,6 +49,7 @@ REWARDS: dict[str, Callable[..., float | dict[str, float]]] = {
     "format": format_reward,
     "math_with_format": math_with_format,
     "llm_judge": llm_judge,
+    "reasoning_gym": reasoning_gym_reward,
 }
 
 
@@ -114,4 +116,5 @@ __all__ = [
     "math_reward",
     "math_with_format",
     "numeric_match",
+    "reasoning_gym_reward",
 ]

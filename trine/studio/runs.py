@@ -7,8 +7,8 @@ reads: no file is created or changed in a run directory (a SQLite buffer is open
 ``notes`` line, never as an error page.
 
 - ``GET /api/runs``: a summary per run, newest first (:func:`run_summary`).
-- ``GET /api/runs/{name}``: state, status, stages, resolved config, processes, buffer counts
-  (:func:`run_detail`).
+- ``GET /api/runs/{name}``: state, status, stages, resolved config, processes, buffer counts, the
+  alarms the run raised (``status.json``'s ``alarms``, :mod:`trine.monitor.alarms`) (:func:`run_detail`).
 - ``GET /api/runs/{name}/metrics?after=BYTES``: the ``metrics.jsonl`` lines from a byte offset on
   (:func:`trine.studio.run_metrics.read_metrics`); ``next`` is where the next poll starts.
 - ``GET /api/runs/{name}/evals``: the ``eval/<taskset>/<metric>`` values per step as a table, with the
@@ -182,6 +182,12 @@ def run_summary(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def _alarms(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The alarms ``status.json`` holds (a hand-edited entry that is not an object is left out)."""
+    found = status.get("alarms")
+    return [a for a in found if isinstance(a, dict)] if isinstance(found, list) else []
+
+
 def run_detail(run_dir: Path) -> dict[str, Any]:
     """Everything the run page's header shows (see the module docstring)."""
     status, state, why, notes = read_state(run_dir)
@@ -201,6 +207,7 @@ def run_detail(run_dir: Path) -> dict[str, Any]:
         "processes": processes(run_dir),
         "buffer": buffer,
         "annotations": (run_dir / "annotations.db").is_file(),
+        "alarms": _alarms(status),
         "notes": notes + config["notes"],
     }
 

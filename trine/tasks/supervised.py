@@ -11,12 +11,16 @@ from trine.types import Experience, Task
 
 
 def sft_experiences(tasks: Sequence[Task], tokenizer: Any, response_key: str | None) -> list[Experience]:
-    """Supervised experiences (kind="sft"): a whole chat with assistant turns (``messages_key``), or
-    the chat prompt followed by the target response (``response_key`` or the answer) and eos."""
+    """Supervised experiences (kind="sft"): a row's ``rendered`` tokens as they are (rows of
+    :func:`trine.workflows.scripted.scripted_sft_rows`: exactly what the workflow renders), a whole chat with
+    assistant turns (``messages_key``), or the chat prompt followed by the target response (``response_key``
+    or the answer) and eos."""
     out = []
     for task in tasks:
         chat = task.messages()
-        if chat[-1].get("role") == "assistant":
+        if isinstance(task.raw.get(RENDERED), dict):
+            tokens, prompt_length, mask = _rendered(task, tokenizer)
+        elif chat[-1].get("role") == "assistant":
             tokens, prompt_length, mask = encode_conversation(tokenizer, chat)
         else:
             target = task.raw.get(response_key) if response_key else task.answer
@@ -39,6 +43,33 @@ def sft_experiences(tasks: Sequence[Task], tokenizer: Any, response_key: str | N
             )
         )
     return out
+
+
+RENDERED = "rendered"
+"""The row key of pre-rendered tokens: ``{"tokens", "prompt_length", "action_mask", "text"}``."""
+
+
+def _rendered(task: Task, tokenizer: Any) -> tuple[list[int], int, list[int]]:
+    """A row's pre-rendered ``(tokens, prompt_length, action_mask)``, checked against ``tokenizer``."""
+    r = task.raw[RENDERED]
+    tokens, prompt_length, mask = r.get("tokens"), r.get("prompt_length"), r.get("action_mask")
+    if not (isinstance(tokens, list) and isinstance(prompt_length, int) and isinstance(mask, list)):
+        raise ValueError(
+            f"task {task.task_id}: {RENDERED!r} is {sorted(r)}; expected tokens, prompt_length and action_mask "
+            "(rows of trine.workflows.scripted_sft_rows), or remove the key to render the messages"
+        )
+    if len(mask) != len(tokens) - prompt_length or not any(mask):
+        raise ValueError(
+            f"task {task.task_id}: {RENDERED!r} has {len(tokens)} tokens, prompt_length {prompt_length} and "
+            f"{len(mask)} mask entries ({sum(mask)} trained); expected one entry per response token, some 1"
+        )
+    if r.get("text") is not None and tokenizer.decode(tokens) != r["text"]:
+        raise ValueError(
+            f"task {task.task_id}: its {RENDERED!r} tokens were made with another tokenizer (they decode to "
+            f"{tokenizer.decode(tokens)[:60]!r}, not {r['text'][:60]!r}); make the rows again with this model's "
+            "tokenizer (trine.workflows.scripted_sft_rows)"
+        )
+    return list(tokens), prompt_length, list(mask)
 
 
 def preference_experiences(

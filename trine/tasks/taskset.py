@@ -7,7 +7,9 @@ Sources (all local; nothing here touches the network):
 - a directory written by ``datasets.Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``
   (``split`` picks the split of a DatasetDict);
 - a directory of ``.jsonl``/``.json``/``.parquet`` files (searched recursively, read in sorted order;
-  ``split`` keeps the files whose name starts with it or that sit in a folder named after it).
+  ``split`` keeps the files whose name starts with it or that sit in a folder named after it);
+- instead of a path, a task ``generator`` (:mod:`trine.tasks.generators`: reasoning-gym's procedural
+  generators, Trine's arithmetic, or ``package.module:function``) called with ``generator_args``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class TaskSet(Sequence[Task]):
 
     Args:
         path: a .jsonl/.json/.parquet file, a ``save_to_disk`` directory or a directory of such files
-            (or a list of row dicts; see :meth:`from_rows`).
+            (or a list of row dicts; see :meth:`from_rows`); None with ``generator``.
         name: name of the taskset; task ids are ``"{name}/{row index}"`` unless ``id_key`` is set.
         split: split of a saved DatasetDict, or file-name prefix / folder inside a directory of files.
         prompt_key: row field holding the prompt (text, or a chat list of ``{role, content}``).
@@ -58,11 +60,14 @@ class TaskSet(Sequence[Task]):
             (``skipped_rows``).
         limit: keep only the first ``limit`` good rows.
         id_key: row field holding a stable task id.
+        generator: instead of ``path``, a task generator's name or import path
+            (:func:`trine.tasks.generators.generate_rows`), called with ``generator_args``.
+        generator_args: the generator's keyword arguments (a ``seed`` defaults to one hashed from ``name``).
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | list[dict[str, Any]],
+        path: str | os.PathLike[str] | list[dict[str, Any]] | None = None,
         *,
         name: str = "train",
         split: str | None = None,
@@ -80,7 +85,12 @@ class TaskSet(Sequence[Task]):
         on_bad_row: str = "error",
         limit: int | None = None,
         id_key: str | None = None,
+        generator: str | None = None,
+        generator_args: dict[str, Any] | None = None,
     ) -> None:
+        self.generator = generator
+        self.generator_args = dict(generator_args or {})
+        path, origin = _source(path, generator, self.generator_args, name)
         in_memory = isinstance(path, (list, tuple))
         self.path = None if in_memory else Path(os.path.expanduser(os.fspath(path)))
         self.name = name
@@ -102,7 +112,7 @@ class TaskSet(Sequence[Task]):
         self._template_keys = _check_settings(self)
         self.skipped_rows = 0
         source = _iter_memory(path, split) if in_memory else iter_rows(self.path, split)
-        self.tasks: list[Task] = self._build(source, "<rows>" if in_memory else str(self.path))
+        self.tasks: list[Task] = self._build(source, origin or ("<rows>" if in_memory else str(self.path)))
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict[str, Any]], **kwargs: Any) -> TaskSet:
@@ -122,7 +132,8 @@ class TaskSet(Sequence[Task]):
 
     def __repr__(self) -> str:
         return (
-            f"TaskSet(name={self.name!r}, path={str(self.path or '<rows>')!r}, tasks={len(self.tasks)}, "
+            f"TaskSet(name={self.name!r}, path={str(self.path or self.generator or '<rows>')!r}, "
+            f"tasks={len(self.tasks)}, "
             f"skipped_rows={self.skipped_rows})"
         )
 
@@ -229,6 +240,28 @@ class TaskSet(Sequence[Task]):
 
 
 # -- settings ---------------------------------------------------------------------------------------
+
+
+def _source(path: Any, generator: str | None, args: dict[str, Any], name: str) -> tuple[Any, str | None]:
+    """``(path or the generated rows, a label for messages)``: exactly one of ``path`` and ``generator``."""
+    if generator is None:
+        if path is None:
+            raise ValueError(
+                f"taskset {name!r} has neither path nor generator; give path (a local data file) or "
+                "generator (e.g. 'reasoning_gym' with generator_args {dataset: leg_counting})."
+            )
+        if args:
+            raise ValueError(
+                f"taskset {name!r}: generator_args={args} is given without a generator; remove it."
+            )
+        return path, None
+    if path is not None:
+        raise ValueError(
+            f"taskset {name!r} has both path={str(path)!r} and generator={generator!r}; give one of them."
+        )
+    from trine.tasks.generators import generate_rows
+
+    return generate_rows(generator, args, name), f"generator {generator!r} {args}"
 
 
 def _as_sampling(sampling: SamplingParams | dict[str, Any] | None) -> SamplingParams:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from trine.buffer import Buffer
     from trine.sync import WeightSync
     from trine.trainer import Trainer
+    from trine.trainer.rewards import VersionRewards
     from trine.trainer.side import TrainerSide
 
 
@@ -36,6 +37,8 @@ class TrainerSide:
     colocated: Any = None
     """An engine on the trainer's GPU that sleeps while the trainer steps (vLLM ``enable_sleep_mode``):
     ``sleep()`` → step → the new weights loaded into it (when pushed) → ``wake_up()``."""
+    rewards: VersionRewards | None = None
+    """Adds the reward per weights version to each step's metrics (a trainer process, ``trine train``)."""
 
     @property
     def version(self) -> int:
@@ -69,6 +72,7 @@ class TrainerSide:
                 "sync/seconds": self.sync.seconds,
                 **self.sync.metrics(),
                 "trainer/version": float(t.version),
+                **(self.rewards.add(experiences) if self.rewards is not None else {}),
             }
             if t.version % self.sync_interval == 0:  # shared weights: records the version only
                 self.sync.push(t.model, t.version)

@@ -1,9 +1,11 @@
-"""What a trainer-only stage trains on: supervised rows from a taskset, rows from a buffer."""
+"""What a trainer-only stage trains on: supervised rows from a taskset, rows from a buffer; and when a
+trainer process's buffer has gone idle (:class:`BufferIdle`, ``buffer.end_after_idle``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trine.types import Experience, Task
@@ -118,6 +120,38 @@ class BufferSource:
         self.buffer.load_state_dict(mine["buffer"])
         self.ahead = None if mine["ahead"] is None else [Experience.from_dict(d) for d in mine["ahead"]]
         self.ended = mine["ended"]
+
+
+@dataclass
+class BufferIdle:
+    """``buffer.end_after_idle``: a trainer process (``trine train``) waiting for a batch asks :meth:`why`
+    whether its buffer has been idle for ``seconds``: no row arrived, no reward was given, none was dropped
+    (the buffer's ``buffer/size``, ``buffer/pending`` and ``buffer/dropped_stale`` unchanged). A trained step
+    restarts the count (:meth:`reset`). Rows that arrive without completing a batch keep it going."""
+
+    buffer: Buffer
+    seconds: float
+    clock: Callable[[], float] = time.monotonic
+    _seen: tuple[float, ...] | None = field(default=None, init=False)
+    _since: float = field(default=0.0, init=False)
+
+    def why(self) -> str | None:
+        """Why the stage ends now (the buffer idle for ``seconds``), else None."""
+        m, now = self.buffer.metrics(), self.clock()
+        seen = tuple(m.get(k, 0.0) for k in ("buffer/size", "buffer/pending", "buffer/dropped_stale"))
+        if seen != self._seen:
+            self._seen, self._since = seen, now
+            return None
+        if now - self._since < self.seconds:
+            return None
+        return (
+            f"no new row and no reward in the buffer for {now - self._since:.0f}s "
+            f"(buffer.end_after_idle={self.seconds:g}): the agents are done"
+        )
+
+    def reset(self) -> None:
+        """A step was trained: count from now on."""
+        self._seen = None
 
 
 class Source(Protocol):

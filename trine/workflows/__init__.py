@@ -13,6 +13,9 @@
   (:mod:`trine.workflows.tool_agent` over :class:`~trine.workflows.trajectory.Trajectory`).
 - ``human_feedback``: ``single_turn`` with the rewards left pending and the responses posted to the
   annotation queue for people to rate (``ask: rate``) or compare (``ask: pair``); docs/annotation.md.
+
+:func:`~trine.workflows.scripted.scripted_sft_rows` plays episodes with a scripted policy through a workflow
+and returns SFT rows of exactly the tokens the workflow renders (a warm start for an environment task).
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ _EXPORTS = {
     "StepWiseWorkflow": "trine.workflows.step_wise",
     "ToolAgentWorkflow": "trine.workflows.tool_agent",
     "Trajectory": "trine.workflows.trajectory",
+    "ScriptedPolicy": "trine.workflows.scripted",
     "Workflow": "trine.workflows.base",
     "completion_experience": "trine.workflows.base",
     "grid_world_tasks": "trine.workflows.envs",
+    "scripted_sft_rows": "trine.workflows.scripted",
 }
 
 __all__ = ["WORKFLOWS", *sorted(_EXPORTS)]

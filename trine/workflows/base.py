@@ -18,6 +18,11 @@ Each returned Experience should carry ``info["temperature"]`` (the trainer recom
 it; :func:`completion_experience` sets it). The explorer fills in ``task_id``, ``group_id``,
 ``run_id`` and ``policy_version`` when left empty. docs/workflows.md documents the whole contract
 with runnable single-turn and step-wise examples.
+
+**Delayed rewards.** Every built-in workflow (``single_turn``, ``multi_turn``, ``step_wise``, ``tool_agent``)
+takes ``defer_reward`` (default False): True leaves each rollout's reward pending (:func:`leave_pending`) for
+a grader or a person to fill later through ``Buffer.set_rewards`` or ``trine buffer reward RUN_DIR FILE``;
+the buffer keeps pending rows out of training until then.
 """
 
 from __future__ import annotations
@@ -57,3 +62,22 @@ def completion_experience(
     if completion.token_versions is not None:
         exp.info["token_versions"] = list(completion.token_versions)
     return exp
+
+
+DEFER_REWARD_KEYS = ("episode_return", "step_reward", "success", "turn_rewards")
+"""``info`` entries that state a reward or an outcome; pending experiences carry them as None."""
+
+
+def leave_pending(exps: list[Experience], task: Task) -> list[Experience]:
+    """``exps`` with their rewards left pending (``defer_reward``): ``reward=None`` and the entries of
+    :data:`DEFER_REWARD_KEYS` None, so nothing counts them as scored. What a grader needs stays in ``info``:
+    ``response`` (the last turn's text), ``answer`` (the task's reference answer), ``task_id``, and
+    ``env_return`` (an environment's own episode return, when the workflow played one). Fill them by
+    experience id, or every step of a rollout at once by ``(task_id, run_id)``."""
+    for e in exps:
+        if e.info.get("episode_return") is not None:
+            e.info["env_return"] = e.info["episode_return"]
+        e.reward = None
+        e.info.update({key: None for key in DEFER_REWARD_KEYS if key in e.info})
+        e.info.update(answer=task.answer, task_id=task.task_id)
+    return exps

@@ -16,19 +16,28 @@ Rewards are the environment's per-step rewards (step-level credit). ``output: tr
 experience per episode with reward = the episode return; ``output: turns`` one experience per turn with the
 step's reward, ``run_id`` / ``step`` and ``info["env_state_hash"]`` — what ``step_wise_grpo`` and ``gigpo``
 read.
+
+An environment whose constructor takes ``history`` (the built-in ``textarena``: each observation repeats
+the whole game so far) gets ``history=False`` here unless ``env_args`` sets it: the conversation already
+holds every earlier observation, so resending them would grow each turn by the whole transcript
+(quadratic). ``history: true`` set explicitly is kept, with a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 from typing import Any
 
 from trine.types import Experience, Task
 from trine.workflows.base import RolloutModel, ScoreFn
-from trine.workflows.envs.pool import EnvFailure, EnvLease
+from trine.workflows.envs.pool import EnvFailure, EnvLease, resolve_env
 from trine.workflows.step_wise import StepWiseWorkflow
 from trine.workflows.tool_agent import Output
 from trine.workflows.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class MultiTurnWorkflow(StepWiseWorkflow):
@@ -56,6 +65,7 @@ class MultiTurnWorkflow(StepWiseWorkflow):
             raise ValueError(f"output={output!r}; expected 'trajectory' or 'turns'.")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 2):
             raise ValueError(f"max_tokens={max_tokens!r}; expected an integer >= 2 or null.")
+        kwargs["env_args"] = conversation_env_args(kwargs.get("env", "grid_world"), kwargs.get("env_args"))
         super().__init__(reward, **kwargs)
         self.max_tokens, self.turn_timeout, self.output = max_tokens, turn_timeout, output
 
@@ -77,6 +87,7 @@ class MultiTurnWorkflow(StepWiseWorkflow):
             e.task_id = task.task_id
             e.info.update(rollout_index=index, success=success, episode_return=episode_return)
             e.info.update(episode_length=len(traj.turns), env_info=env_info)
+            e.info["invalid_actions"] = sum(bool(t.info.get("invalid_action")) for t in traj.turns)
         return exps
 
     async def _converse(
@@ -113,7 +124,7 @@ class MultiTurnWorkflow(StepWiseWorkflow):
                 traj.end(failure.status, str(failure)[:500])  # type: ignore[arg-type]
                 break
             turn.reward = float(reward)
-            turn.info.update(step_reward=float(reward))
+            turn.info.update(step_reward=float(reward), invalid_action=bool(env_info.get("invalid_action")))
             if done or not traj.add_messages([{"role": "user", "content": observation}]):
                 break
             try:
@@ -122,3 +133,22 @@ class MultiTurnWorkflow(StepWiseWorkflow):
                 traj.end(failure.status, str(failure)[:500])  # type: ignore[arg-type]
                 break
         return traj, env_info
+
+
+def conversation_env_args(env: Any, env_args: dict[str, Any] | None) -> dict[str, Any]:
+    """``env_args`` for an environment played as one conversation: ``history=False`` when the environment
+    takes a ``history`` parameter and ``env_args`` does not set it (a warning when it sets it true)."""
+    args = dict(env_args or {})
+    try:
+        takes = "history" in inspect.signature(resolve_env(env)).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if takes and "history" not in args:
+        args["history"] = False
+    elif takes and args["history"]:
+        log.warning(
+            "multi_turn with env_args history: true resends the whole episode in every observation, though "
+            "the conversation already holds it (the prompt grows quadratically); remove history (multi_turn "
+            "sets it false) unless the environment needs it"
+        )
+    return args

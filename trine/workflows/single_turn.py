@@ -6,9 +6,9 @@ reward and stores that reward as ``info["baseline_reward"]`` in every returned e
 greedy completion itself is not returned). The ``remax`` advantage reads it.
 
 With ``defer_reward=True`` the reward function is not called: experiences come back with
-``reward=None`` (pending in the buffer) and carry what an external judge needs (``info["response"]``,
-``info["answer"]``, ``info["task_id"]``); rewards arrive later through ``Buffer.set_rewards`` or
-``trine buffer reward RUN_DIR FILE``.
+``reward=None`` (pending in the buffer, :func:`~trine.workflows.base.leave_pending`) and carry what an
+external judge needs (``info["response"]``, ``info["answer"]``, ``info["task_id"]``); rewards arrive later
+through ``Buffer.set_rewards`` or ``trine buffer reward RUN_DIR FILE``.
 
 A reward call that raises or passes ``explorer.reward_timeout`` costs its own answer only: that
 experience gets status ``reward_error`` (reward 0.0, the reason in ``info["reward_error"]``), is stored
@@ -22,7 +22,7 @@ import asyncio
 import logging
 
 from trine.types import Experience, Task
-from trine.workflows.base import RolloutModel, ScoreFn, completion_experience
+from trine.workflows.base import RolloutModel, ScoreFn, completion_experience, leave_pending
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,9 @@ class SingleTurnWorkflow:
         params = task.sampling.replace(n=task.repeat)
         completions = await model.chat(task.messages(), params)
         if self.defer_reward:
-            return [_pending(c, task, params.temperature) for c in completions]
+            return leave_pending(
+                [completion_experience(c, None, {}, params.temperature) for c in completions], task
+            )
         scores = await asyncio.gather(*(self._score(c.text, task) for c in completions))
         return [
             _marked(completion_experience(c, reward, parts, params.temperature), error)
@@ -92,10 +94,4 @@ def _marked(exp: Experience, error: str | None) -> Experience:
     if error is not None:
         exp.status = "reward_error"
         exp.info["reward_error"] = error
-    return exp
-
-
-def _pending(completion, task: Task, temperature: float) -> Experience:
-    exp = completion_experience(completion, None, {}, temperature)
-    exp.info.update({"answer": task.answer, "task_id": task.task_id})
     return exp

@@ -10,6 +10,9 @@ observation (not the whole history), so sequences stay short::
                reward=<step reward>, run_id=<one per rollout>, step=<t>,
                status=<how the episode ended>, info={"env_state_hash", "step_reward", "episode_return", ...})
 
+``info["invalid_actions"]`` counts the episode's steps whose environment ``info["invalid_action"]`` was true
+(:mod:`trine.explorer.outcomes` reports them).
+
 That is what the multi-step advantages read: ``step_wise_grpo`` (the last step's reward of each
 run, broadcast to its steps) and ``gigpo`` (per-step rewards, ``run_id``, ``step`` and
 ``info["env_state_hash"]``, the hash of the state the action was taken *from*). The explorer fills
@@ -40,7 +43,7 @@ import asyncio
 from typing import Any, ClassVar
 
 from trine.types import Completion, Experience, Task, new_id
-from trine.workflows.base import RolloutModel, ScoreFn, completion_experience
+from trine.workflows.base import RolloutModel, ScoreFn, completion_experience, leave_pending
 from trine.workflows.envs.base import EnvFactory
 from trine.workflows.envs.grid_world import GridWorldEnv
 from trine.workflows.envs.pool import EnvFailure, EnvLease, make_env_pool, resolve_env
@@ -78,6 +81,8 @@ class StepWiseWorkflow:
         seed_per_rollout: give each rollout of a task its own ``reset`` seed (default: the task's
             rollouts share one, the row's ``seed`` or one derived from the task id, so a group
             plays the same game).
+        defer_reward: leave every step's reward pending for a grader or a person (the environment's
+            episode return stays in ``info["env_return"]``; :func:`~trine.workflows.base.leave_pending`).
     """
 
     registry_args: ClassVar[dict[str, str]] = {"env": "environment"}
@@ -97,6 +102,7 @@ class StepWiseWorkflow:
         action_of: str | None = None,
         option_keys: list[str] | None = None,
         seed_per_rollout: bool = False,
+        defer_reward: bool = False,
     ) -> None:
         if not isinstance(max_steps, int) or max_steps < 1:
             raise ValueError(f"max_steps={max_steps!r}; expected an integer >= 1.")
@@ -114,6 +120,7 @@ class StepWiseWorkflow:
         )
         self.max_steps = max_steps
         self.system_prompt = system_prompt
+        self.defer_reward = defer_reward
 
     def step_limit(self, task: Task) -> int:
         """Most steps an episode of ``task`` may take."""
@@ -129,7 +136,8 @@ class StepWiseWorkflow:
                 pending.cancel()
             await asyncio.wait(episodes, timeout=CANCEL_GRACE)
             raise
-        return [e for episode in done for e in episode]
+        out = [e for episode in done for e in episode]
+        return leave_pending(out, task) if self.defer_reward else out
 
     async def episode(self, task: Task, model: RolloutModel, index: int = 0) -> list[Experience]:
         """Play one episode; returns its steps with the episode return and status filled in.
@@ -143,8 +151,10 @@ class StepWiseWorkflow:
         episode_return = sum(float(e.reward or 0.0) for e in steps)
         success = bool(env_info.get("success", episode_return > 0))
         status = env.failure.status if env.failure else "ok"
+        invalid = sum(bool((e.info.get("env_info") or {}).get("invalid_action")) for e in steps)
         for e in steps:
             e.info.update(episode_return=episode_return, success=success, episode_length=len(steps))
+            e.info["invalid_actions"] = invalid
             e.info["last_step"] = e is steps[-1]
             e.status = status
             if env.failure:

@@ -6,7 +6,8 @@ then turn after turn the model samples, its ``<tool_call>`` blocks (Hermes / Qwe
 concurrently in a :class:`~trine.tools.ToolBox` (each under ``tool_timeout``), and their results come
 back as ``tool`` messages, token-in token-out. A turn without a tool call is the answer, scored by the
 task's reward. Faults stay inside the episode: a malformed call, an unknown tool, a tool that raises,
-hangs or whose MCP server died is an error observation for the model (and a counter: ``tools/*``); a
+hangs or whose MCP server died is an error observation for the model (and a counter: ``tools/*``; per
+rollout ``info["invalid_actions"]``, the failed calls); a
 turn past ``turn_timeout`` ends the episode as ``timeout``, a conversation past ``max_tokens`` or
 ``max_turns`` as ``truncated`` (reward 0: no answer), each recorded in ``Experience.status`` (reason: ``info["status_reason"]``).
 
@@ -39,7 +40,7 @@ from trine.tools import (
     tool_messages,
 )
 from trine.types import Experience, Task
-from trine.workflows.base import RolloutModel, ScoreFn
+from trine.workflows.base import RolloutModel, ScoreFn, leave_pending
 from trine.workflows.trajectory import Trajectory
 
 Output = Literal["trajectory", "turns"]
@@ -68,6 +69,8 @@ class ToolAgentWorkflow:
         list_tools: render the tools' JSON schemas into the prompt with the chat template's ``tools=``
             (off: the system prompt describes them, e.g. for a small model with a short context).
         output: ``"trajectory"`` (one experience per rollout) or ``"turns"`` (one per turn).
+        defer_reward: do not score the answer: leave the reward pending for a grader or a person
+            (:func:`~trine.workflows.base.leave_pending`; the answer is ``info["response"]``).
     """
 
     registry_args: ClassVar[dict[str, str]] = {"tools": "tool"}
@@ -87,6 +90,7 @@ class ToolAgentWorkflow:
         list_tools: bool = True,
         verify: dict[str, Any] | None = None,
         output: Output = "trajectory",
+        defer_reward: bool = False,
     ) -> None:
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns={max_turns!r}; expected an integer >= 1.")
@@ -111,12 +115,14 @@ class ToolAgentWorkflow:
         self.verify = verify
         self._verifier: ToolBox | None = None
         self.output: Output = output
+        self.defer_reward = defer_reward
 
     async def run(self, task: Task, model: RolloutModel) -> list[Experience]:
         """All experiences of ``task.repeat`` concurrent episodes."""
         await self._open()
         episodes = await asyncio.gather(*(self.episode(task, model, i) for i in range(task.repeat)))
-        return [e for episode in episodes for e in episode]
+        out = [e for episode in episodes for e in episode]
+        return leave_pending(out, task) if self.defer_reward else out
 
     async def episode(self, task: Task, model: RolloutModel, index: int = 0) -> list[Experience]:
         """One rollout: turns until an answer, the budget, ``max_turns`` or a timeout."""
@@ -149,7 +155,7 @@ class ToolAgentWorkflow:
             traj.end("truncated", f"no answer within max_turns={self.max_turns}")
         if not traj.turns:  # nothing to train on: the explorer retries or skips the task with this reason
             raise RuntimeError(f"the episode ended before its first turn: {traj.status}: {traj.reason}")
-        reward, parts = await self._score(answer, task, traj)
+        reward, parts = (None, {}) if self.defer_reward else await self._score(answer, task, traj)
         temperature = params.temperature
         exps = (
             [traj.experience(reward, parts, temperature)]
@@ -157,7 +163,7 @@ class ToolAgentWorkflow:
             else traj.turn_experiences(reward, parts, temperature)
         )
         for e in exps:
-            e.info["rollout_index"] = index
+            e.info.update(rollout_index=index, invalid_actions=counts["tools/errors"])
         if exps:
             exps[-1].info["counters"] = {k: float(v) for k, v in counts.items()}
         return exps

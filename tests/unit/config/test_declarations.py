@@ -71,8 +71,9 @@ def test_each_override_is_the_record_s_type_and_docstring_defaulting_to_none():
 
 
 # ------------------------------------------------------------------ buffer
-STORAGE_KEYS = {"storage", "url", "storage_args", "operators", "get_timeout"}
-"""``buffer`` keys that pick and open the storage (``trine.buffer.open_buffer``), not sampling rules."""
+STORAGE_KEYS = {"storage", "url", "storage_args", "operators", "get_timeout", "end_after_idle"}
+"""``buffer`` keys that pick and open the storage (``trine.buffer.open_buffer``), or say how long the trainer
+waits on it, not sampling rules."""
 
 
 def test_sampling_rules_are_the_buffer_section_s_rules():

@@ -199,11 +199,13 @@ def test_evaluate_reports_accuracy_avg_and_pass_at_k_without_touching_the_genera
     before = engine.generator.get_state()
     result = explorer.evaluate(tasks, name="toy", k=4, greedy=True, seed=3)
     assert torch.equal(engine.generator.get_state(), before)
-    assert set(result) == {"eval/toy/accuracy", "eval/toy/avg@4", "eval/toy/pass@4"}
+    assert set(result) == {"eval/toy/accuracy", "eval/toy/avg@4", "eval/toy/pass@4", "eval/toy/return_mean"}
     assert result["eval/toy/accuracy"] == 0.5  # greedy solves exactly the first task
     assert 0.0 <= result["eval/toy/avg@4"] <= result["eval/toy/pass@4"] <= 0.5
     assert explorer.evaluate(tasks, name="toy", k=4, greedy=True, seed=3) == result  # reproducible
-    assert set(explorer.evaluate(tasks, name="toy", k=0, greedy=True, seed=3)) == {"eval/toy/accuracy"}
+    greedy_only = explorer.evaluate(tasks, name="toy", k=0, greedy=True, seed=3)
+    assert set(greedy_only) == {"eval/toy/accuracy", "eval/toy/return_mean"}  # mean reward of the greedy
+    assert greedy_only["eval/toy/return_mean"] == 0.5
     explorer.close()
 
 

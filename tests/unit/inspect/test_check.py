@@ -7,13 +7,16 @@ import asyncio
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from tests.helpers import write_arithmetic_config
+from tests.unit.inspect.check_plugin import MARKER
 from trine.cli import app
+from trine.inspect.mask_view import MASK_CLOSE, MASK_OPEN
 from trine.inspect.probes import (
     OBSERVATIONS,
     logprob_rows,
@@ -57,7 +60,10 @@ def test_check_passes_on_the_tiny_model_and_prints_every_row(tmp_path, tiny_mode
         assert "│ OK " in _line(out, f"engine vs trainer logprobs ({label})")
     assert "│ INFO " in _line(out, "truncation gap (top_k=20)")
     assert "FAIL" not in out
-    assert OBSERVATIONS[0] in out  # the conversation is shown
+    assert "│ OK " in _line(out, "episode 1 (single_turn, task ") and "│ OK " in _line(out, "episode 2 ")
+    assert "│ OK " in _line(out, "reward probes")  # exact_match pays for none of the probes
+    assert "--- episode 1 (single_turn, task " in out  # the real episodes are shown
+    assert f"{MASK_OPEN}<|im_start|>user\n" in out  # their prompts masked (no colour off a terminal)
 
 
 def test_check_json_output_parses_and_measures(tmp_path, tiny_model_dir):
@@ -162,3 +168,60 @@ def test_mask_check_catches_a_trained_observation_token(sampled):
     finally:
         traj.mask[first_obs] = 0
     assert row.result == "FAIL" and "not the sampled turns" in row.detail
+
+
+PLUGIN = Path(__file__).with_name("check_plugin.py")
+
+
+def test_check_plays_a_multi_turn_game_with_masked_observations(tmp_path, tiny_model_dir):
+    """The configured game itself is played: its observation text shows as masked, the model's moves as
+    trained, each turn's logprobs agree with the trainer's, and the reward is the game's."""
+    game = {
+        "answer_key": None,
+        "workflow": "multi_turn",
+        "workflow_args": {"env": "marker_game", "max_steps": 2},
+        "sampling": {"max_tokens": 3},
+    }
+    config = write_arithmetic_config(tmp_path, tiny_model_dir, "check_game", {"tasks": {"train": game}})
+    args = [str(config), "--plugin", str(PLUGIN), "--turns", "1", "--episodes", "1"]
+    result = _check(args)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "--- episode 1 (multi_turn, task train/0): reward 1 " in out
+    view = out.split("--- episode 1 ", 1)[1].split("\n", 1)[1].split("trine check")[0]
+    masked = [part.split(MASK_CLOSE, 1)[0] for part in view.split(MASK_OPEN)[1:]]
+    trained = "".join(part.split(MASK_CLOSE, 1)[1] for part in view.split(MASK_OPEN)[1:])
+    assert any(MARKER in m for m in masked) and MARKER not in trained  # the observation is masked
+    assert "Make a move." in masked[0]  # the reset observation is in the prompt
+    assert trained.strip()  # the moves train
+    assert "│ OK " in _line(out, "episode 1 (multi_turn")
+    assert "│ INFO " in _line(out, "reward probes")  # no reference answers to probe
+
+    report = json.loads(_check([*args, "--json"]).stdout)
+    (episode,) = report["episodes"]
+    (step,) = episode["steps"]
+    assert episode["episode_return"] == 1.0 and len(step["turns"]) == 2
+    assert all(t["max_abs"] < 1e-4 for t in step["turns"])
+    spans = step["spans"]
+    assert [s["trained"] for s in spans][:2] == [False, True] and spans[-1]["end"] > spans[-1]["start"]
+    assert any(MARKER in s["text"] and not s["trained"] for s in spans)
+    assert not any(MARKER in s["text"] for s in spans if s["trained"])
+
+
+def test_reward_probes_warn_on_a_hackable_reward(tmp_path, tiny_model_dir):
+    """A reward that pays for the answer anywhere in the response: padded, repeated and junk-appended
+    answers score as much as the correct one: WARN (exit 0), --strict exit 1."""
+    train = {"train": {"reward": "contains_answer"}}
+    config = write_arithmetic_config(tmp_path, tiny_model_dir, "check_hack", {"tasks": train})
+    args = [str(config), "--plugin", str(PLUGIN), "--turns", "1", "--episodes", "1"]
+    result = _check(args)
+    assert result.exit_code == 0, result.output
+    row = _line(result.output, "reward probes")
+    assert "│ WARN " in row and "'padded' on task train/0 scores 1 vs the correct answer's 1" in result.output
+    assert "reward 0 (found 0, length_bonus 0)" in result.output  # the episode's reward parts
+    strict = _check([*args, "--strict", "--json"])
+    assert strict.exit_code == 1
+    rows = {r["check"]: r for r in json.loads(strict.stdout)["rows"]}
+    flagged = {(f["task_id"], f["probe"]) for f in rows["reward probes"]["data"]["flagged"]}
+    assert {("train/0", "padded"), ("train/0", "repeated"), ("train/0", "junk appended")} <= flagged
+    assert not any(probe == "empty" for _, probe in flagged)

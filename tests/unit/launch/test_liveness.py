@@ -171,7 +171,11 @@ def test_the_trainer_stops_when_its_explorers_are_gone(tmp_path, monkeypatch):
     gone_pid = dead_pid()
     monkeypatch.setattr(asynchronous, "POLL_SECONDS", 0.1)
     running(tmp_path / "explorers" / "0", gone_pid, time.time() - 30)
-    cfg = SimpleNamespace(run_path=tmp_path, sync=SimpleNamespace(wait_timeout=0.35))
+    cfg = SimpleNamespace(
+        run_path=tmp_path,
+        sync=SimpleNamespace(wait_timeout=0.35),
+        buffer=SimpleNamespace(end_after_idle=None),
+    )
 
     def consume(timeout: float) -> dict:  # nothing arrives
         time.sleep(timeout)

@@ -201,7 +201,9 @@ GARBAGE_RESPONSES = [
     None,
 ]
 GARBAGE_ANSWERS = [None, "", 17, 2.5, b"\xff\xfe".decode("utf-8", "replace"), 10**5000]
-RULE_BASED = sorted(set(REWARDS) - {"llm_judge"})  # llm_judge asks a model: tests/unit/rewards/test_judge.py
+# llm_judge asks a model (tests/unit/rewards/test_judge.py); reasoning_gym scores reasoning-gym entries with
+# the optional package (tests/unit/rewards/test_reasoning_gym.py feeds it garbage on real entries)
+RULE_BASED = sorted(set(REWARDS) - {"llm_judge", "reasoning_gym"})
 
 
 @pytest.mark.parametrize("name", RULE_BASED)
@@ -260,7 +262,15 @@ def test_evaluate_reward_rejects_bad_values():
 
 
 def test_table_and_registry():
-    assert set(REWARDS) == {"exact_match", "numeric_match", "math", "format", "math_with_format", "llm_judge"}
+    assert set(REWARDS) == {
+        "exact_match",
+        "numeric_match",
+        "math",
+        "format",
+        "math_with_format",
+        "llm_judge",
+        "reasoning_gym",
+    }
     assert resolve("reward", "math") is math_reward
     assert resolve("reward", "trine.rewards.basic:exact_match") is exact_match
 

@@ -482,3 +482,25 @@ def test_a_real_short_run_watched_while_it_runs(tmp_path, tiny_model_dir):
     assert detail["buffer"]["storage"] == "sql" and detail["buffer"]["counts"]["trained"] == 2 * 4 * 4
     assert evals["tasksets"] == ["addition"] and [r["step"] for r in evals["rows"]] == [1, 2]
     assert {"accuracy", "avg@1", "pass@1"} <= set(evals["columns"])
+
+
+def test_run_detail_shows_the_alarms_the_run_raised(tmp_path):
+    """status.json's ``alarms`` (trine.monitor.alarms) come back in the run's JSON; entries that are not
+    objects, or an ``alarms`` that is not a list, are left out."""
+    alarm = {
+        "kind": "truncation",
+        "step": 7,
+        "message": "truncation: 95% of responses were cut at max_tokens over the last 5 steps",
+        "numbers": {"explorer/truncated_fraction": 0.95, "threshold": 0.9, "window": 5.0},
+    }
+    finished = {"state": "finished", "step": 8, "pid": 1, "ended_at": now(), "alarms": [alarm, "junk"]}
+    make_run(tmp_path, "hacked", stage(total=8), finished)
+    make_run(tmp_path, "odd", stage(), {"state": "finished", "step": 1, "alarms": 5})
+    make_run(tmp_path, "calm", stage(), {"state": "finished", "step": 1})
+    with (
+        background(StudioSettings(runs_dir=tmp_path)) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        assert client.get("/api/runs/hacked").json()["alarms"] == [alarm]
+        assert client.get("/api/runs/odd").json()["alarms"] == []
+        assert client.get("/api/runs/calm").json()["alarms"] == []

@@ -1,4 +1,4 @@
-// Run page (#/run/NAME): state, progress, processes, buffer, notes; live curves polled incrementally from
+// Run page (#/run/NAME): state, progress, processes, buffer, alarms, notes; live curves polled incrementally from
 // /metrics?after=OFFSET every 3 s; a picker to plot any numeric key; the resolved config; the eval table.
 
 import { api, showError } from "./api.js";
@@ -190,7 +190,15 @@ function renderHeader(run) {
       ]),
     ),
     run.processes && run.processes.length ? processTable(run.processes) : null,
+    alarmsBox(run.alarms),
   ];
+}
+
+/** The alarms the run raised (reward hacking?, truncation, length), with their numbers; null if none. */
+function alarmsBox(alarms) {
+  if (!alarms || alarms.length === 0) return null;
+  const item = (a) => h("li", {}, h("strong", {}, `${a.kind} at step ${a.step}: `), a.message || "");
+  return h("div", { class: "notes alarms", role: "alert" }, h("strong", {}, "Alarms"), h("ul", {}, alarms.map(item)));
 }
 
 function fact(label, value) {

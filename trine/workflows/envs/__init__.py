@@ -15,7 +15,9 @@ faulty environments discarded).
 - ``textarena``: :class:`~trine.workflows.envs.text_arena.TextArenaEnv`, a single-player textarena
   game (``env_args: {game: GuessTheNumber-v0}``; needs ``textarena``);
 - ``gym``: :func:`~trine.workflows.envs.gym.gym_make`, any ``gymnasium.make`` id
-  (``env_args: {env_id: ...}``; needs ``gymnasium``).
+  (``env_args: {env_id: ...}``; needs ``gymnasium``);
+- ``openenv``: :class:`~trine.workflows.envs.openenv.OpenEnvEnv`, an environment an OpenEnv server serves
+  over HTTP / WebSocket (``env_args: {base_url: ...}``; docs/environments.md).
 
 Anything else is given as ``"package.module:Class"`` or registered with
 ``@trine.register("environment", "name")``.
@@ -32,10 +34,11 @@ from trine.workflows.envs.base import (
 )
 from trine.workflows.envs.grid_world import GridWorld, GridWorldEnv, grid_world_tasks, parse_action
 from trine.workflows.envs.gym import gym_make
+from trine.workflows.envs.openenv import OpenEnvEnv
 from trine.workflows.envs.pool import EnvFailure, EnvLease, EnvPool, make_env_pool, resolve_env
 from trine.workflows.envs.text_arena import TextArenaEnv
 
-ENVIRONMENTS = {"grid_world": GridWorldEnv, "textarena": TextArenaEnv, "gym": gym_make}
+ENVIRONMENTS = {"grid_world": GridWorldEnv, "textarena": TextArenaEnv, "gym": gym_make, "openenv": OpenEnvEnv}
 
 __all__ = [
     "ENVIRONMENTS",
@@ -46,6 +49,7 @@ __all__ = [
     "Environment",
     "GridWorld",
     "GridWorldEnv",
+    "OpenEnvEnv",
     "StepResult",
     "SyncEnvironment",
     "TextArenaEnv",

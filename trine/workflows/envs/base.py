@@ -47,6 +47,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
+from trine import registry
 from trine.blocking import run_blocking
 from trine.types import Task
 
@@ -320,8 +321,20 @@ class BlockingEnvironment:
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
+def resolve_env(env: str | EnvFactory) -> EnvFactory:
+    """The environment class for ``env``: a registered name (registry kind ``"environment"``),
+    ``"package.module:Class"``, or a class / callable given as is."""
+    if callable(env):
+        return env
+    if isinstance(env, str):
+        return registry.resolve("environment", env)
+    raise ValueError(
+        f"env={env!r}; expected an environment name, an import path 'package.module:Class', or a class."
+    )
+
+
 def environment_maker(
-    factory: EnvFactory,
+    factory: str | EnvFactory,
     env_args: dict[str, Any] | None = None,
     *,
     text_of: TextOf | None = None,
@@ -334,8 +347,10 @@ def environment_maker(
 
     An async class (its ``reset`` is a coroutine function) is built as ``factory(**env_args)``;
     anything else is wrapped in a :class:`BlockingEnvironment` (inline when ``factory.blocking`` is
-    ``False``), which passes on the other arguments.
+    ``False``), which passes on the other arguments. ``factory`` may also be a registered name
+    (``"textarena"``, ``"grid_world"``, ``"gym"``, ...) or ``"package.module:Class"`` (:func:`resolve_env`).
     """
+    factory = resolve_env(factory)
     args = dict(env_args or {})
     if inspect.iscoroutinefunction(getattr(factory, "reset", None)):
         return functools.partial(factory, **args)  # type: ignore[return-value]

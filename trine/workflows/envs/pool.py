@@ -43,6 +43,7 @@ from trine.workflows.envs.base import (
     _name,
     _short,
     environment_maker,
+    resolve_env,
 )
 
 log = logging.getLogger("trine.envs")
@@ -273,18 +274,6 @@ class EnvPool:
             await asyncio.wait_for(pending, self.timeout or 60.0)
         except Exception as err:
             log.warning("closing environment %s failed: %s: %s", _env_name(env), type(err).__name__, err)
-
-
-def resolve_env(env: str | EnvFactory) -> EnvFactory:
-    """The environment class for ``env``: a registered name (registry kind ``"environment"``),
-    ``"package.module:Class"``, or a class / callable given as is."""
-    if callable(env):
-        return env
-    if isinstance(env, str):
-        return registry.resolve("environment", env)
-    raise ValueError(
-        f"env={env!r}; expected an environment name, an import path 'package.module:Class', or a class."
-    )
 
 
 def make_env_pool(

@@ -12,10 +12,15 @@ so any workflow drives it through the one adapter::
       env_args: {game: GuessTheNumber-v0}     # history: true -> each observation is the whole game so far
       max_steps: 10
 
+Under ``workflow: multi_turn`` (one conversation per game) ``history`` defaults to false: the conversation
+already holds the game so far, so each observation is only what is new (the workflow sets it; an explicit
+``history: true`` there is warned about, as every turn would resend the whole transcript).
+
 The model's reply is the action, in the game's own format (``[42]`` for GuessTheNumber; a reply
 without brackets is wrapped in them, as textarena's default wrapper does). Rewards are textarena's:
 0 until the game ends, then the player's final reward (1 for a win, a fraction of the way for a
-partial result, lower for invalid moves); ``info["success"]`` is a win without an invalid move.
+partial result, lower for invalid moves); ``info["success"]`` is a win without an invalid move, and
+``info["invalid_action"]`` says whether this move was invalid (workflows count them: ``invalid_actions``).
 
 textarena draws its games with the process-wide ``random`` module (``random.seed(seed)`` in
 ``reset``, more draws in some ``step`` calls). So that concurrent games neither disturb each other
@@ -58,7 +63,8 @@ class TextArenaEnv:
         history: each observation is the whole game so far (the prompt, every move and every game
             message), which a workflow that shows only the current observation needs; False: only
             what is new since the last move (the game's messages, not the echo of the move), for a
-            workflow that keeps the conversation itself.
+            workflow that keeps the conversation itself (``multi_turn`` sets False unless ``env_args``
+            sets it).
         bracket_actions: wrap a reply without ``[`` ``]`` in brackets (textarena's default).
     """
 
@@ -98,15 +104,18 @@ class TextArenaEnv:
         """Play ``action``; the reward is the game's final reward once it ends, else 0."""
         if self.bracket_actions and "[" not in action and "]" not in action:
             action = f"[{action.strip()}]"
+        errors = int(getattr(self.game.state, "error_count", 0) or 0)
         done, step_info = self._call(self.game.step, action)
         observation = self._observe()
         state = self.game.state
         info: dict[str, Any] = {"turn": int(getattr(state, "turn", 0)), **dict(step_info or {})}
+        info["invalid_action"] = int(getattr(state, "error_count", 0) or 0) > errors  # warned, game goes on
         reward = 0.0
         if done:
             reward = float((state.rewards or {}).get(0, 0.0))
             outcome = dict(state.game_info.get(0, {}))
             info.update(outcome)
+            info["invalid_action"] = info["invalid_action"] or bool(outcome.get("invalid_move"))
             info["success"] = reward >= 1.0 and not outcome.get("invalid_move", False)
         return observation, reward, bool(done), False, info
 
