@@ -271,20 +271,22 @@ def _note(result: BenchResult, say: Callable[[str], None], text: str) -> None:
 
 
 def print_bench(result: BenchResult) -> None:
-    """A table of the rows: one line per checkpoint, one column per ``eval/*`` metric (percent)."""
+    """A table of the rows: one line per checkpoint, one column per ``eval/*`` metric (rates in percent)."""
     import sys
 
     from rich.console import Console
     from rich.table import Table
+
+    from trine.monitor.summary import eval_cell
 
     keys = sorted({k for r in result.rows for k in r.metrics})
     table = Table(title=f"Trine bench: {result.run_dir}")
     for col in ("step", "stage", *(k.removeprefix("eval/") for k in keys), "source"):
         table.add_column(col, justify="left" if col in ("stage", "source") else "right")
     for r in sorted(result.rows, key=lambda r: r.step):
-        values = [f"{100 * r.metrics[k]:.1f}%" if k in r.metrics else "-" for k in keys]
+        values = [eval_cell(r.metrics.get(k), k) for k in keys]
         table.add_row(str(r.step), r.stage, *values, "cached" if r.cached else f"{r.seconds:.1f}s")
-    console = Console(file=sys.stdout)
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)  # a log: never squeezed
     console.print(table)
     console.print(f"results: {result.run_dir / BENCH_FILE}", soft_wrap=True)
     if result.plot is not None:

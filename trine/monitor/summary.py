@@ -48,7 +48,7 @@ def summary_rows(rec: dict[str, Any]) -> list[tuple[str, str, str]]:
     start, end = rec.get("eval_start", {}), rec.get("eval_end", {})
     keys = sorted(set(start) | set(end))
     if keys:
-        return [(key, _pct(start.get(key), key), _pct(end.get(key), key)) for key in keys]
+        return [(key, eval_cell(start.get(key), key), eval_cell(end.get(key), key)) for key in keys]
     rows = []
     for name, seen in rec.get("train", {}).items():
         first, last = seen["first"], seen["last"]
@@ -87,7 +87,8 @@ COUNTS = ("return_mean", "invalid_actions", "turns_mean")
 """Eval metrics that are not rates (:mod:`trine.explorer.outcomes`): shown as numbers, not percentages."""
 
 
-def _pct(value: float | None, key: str = "") -> str:
+def eval_cell(value: float | None, key: str = "") -> str:
+    """An ``eval/*`` value as a table shows it: a rate as a percentage, a count or return as a number."""
     if value is not None and key.endswith(COUNTS):
         return fmt_number(value)
     return "-" if value is None else f"{100 * value:.1f}%"
