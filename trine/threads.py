@@ -18,6 +18,7 @@ they are through :data:`SHARE_ENV`. Nothing else in trine calls ``torch.set_num_
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -115,8 +116,11 @@ def resumed_note(recorded: int | None, count: int, checkpoint: str) -> str | Non
 
 
 def say_now(text: str) -> None:
-    """Print a line at once (the default ``say``: beside the run's other lines, even through a pipe)."""
-    print(text, flush=True)
+    """Print a line at once (the default ``say``: beside the run's other lines, even through a pipe), in one
+    write: ``print`` writes the text and the newline apart when output is unbuffered (``PYTHONUNBUFFERED``),
+    and the trainer's and an explorer's lines, printed at the same moment into one pipe, ran together."""
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
 
 
 def use_threads(
