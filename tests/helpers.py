@@ -408,8 +408,8 @@ def env_task(task_id: str = "t/0", repeat: int = 1, **raw: Any) -> Task:
 
 
 class FaultyEnv:
-    """A Gymnasium-style env that raises or hangs at a chosen call of its first episode only (the plan
-    set by :func:`arm_faulty_env`); four steps of reward 0.5 otherwise."""
+    """A Gymnasium-style env that raises or hangs at a chosen call, once: in the first episode that reaches it
+    (the plan set by :func:`arm_faulty_env`); four steps of reward 0.5 otherwise."""
 
     built = 0
     closed = 0
@@ -417,11 +417,18 @@ class FaultyEnv:
 
     def __init__(self) -> None:
         type(self).built += 1
-        self.first = type(self).built == 1
-        self.turns = 0
+        self.armed = type(self).plan  # the plan it was built under: an env left running by an earlier test
+        self.turns = 0  # (an abandoned thread) never fires, nor uses up, a later test's plan
 
     def _maybe_fail(self, call: str) -> None:
-        if self.first and self.plan.get("call") == call and self.plan.get("at", 0) == self.turns:
+        plan = self.plan
+        if (
+            self.armed is plan
+            and not plan.get("fired")
+            and plan.get("call") == call
+            and plan.get("at", 0) == self.turns
+        ):
+            plan["fired"] = True  # the first env to reach the call fails, once
             if self.plan.get("mode") == "hang":
                 time.sleep(float(self.plan.get("seconds", 3.0)))
             elif self.plan.get("mode") == "own_timeout":
@@ -446,7 +453,7 @@ class FaultyEnv:
 def arm_faulty_env(**plan: Any) -> None:
     """Reset :class:`FaultyEnv`'s counters and set its plan: ``call`` (``reset`` or ``step``), ``at`` (the
     turn), ``mode`` (raise ConnectionError by default, ``hang`` for ``seconds``, ``own_timeout``)."""
-    FaultyEnv.built, FaultyEnv.closed, FaultyEnv.plan = 0, 0, plan
+    FaultyEnv.built, FaultyEnv.closed, FaultyEnv.plan = 0, 0, dict(plan)
 
 
 # ---------------------------------------------------------------------------------------- trine serve
