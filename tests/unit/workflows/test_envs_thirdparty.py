@@ -75,6 +75,31 @@ def test_invalid_moves_warn_once_then_end_the_game_without_success():
         TextArenaEnv("Guess-v9")
 
 
+def test_reward_win_pays_only_a_win_where_the_game_pays_a_near_miss():
+    """GuessTheNumber pays a game lost at the turn limit 1 - distance / 19; ``reward="win"`` pays it 0 and
+    keeps the game's own reward in ``info["game_reward"]``; a win pays 1 either way."""
+    pytest.importorskip("textarena", reason="textarena is not installed (pip install 'trine[envs]')")
+    ends = {}
+    for reward in ("game", "win"):
+        env = TextArenaEnv("GuessTheNumber-v0", {"max_turns": 2}, history=False, reward=reward)
+        env.reset(seed=3)
+        guesses = iter(range(1, 10))  # the secret of seed 3 is higher: lost at the turn limit
+        while not (end := env.step(f"[{next(guesses)}]"))[2]:
+            pass
+        ends[reward] = end
+    (_, game_pays, done, _, info), (_, win_pays, win_done, _, win_info) = ends["game"], ends["win"]
+    assert done and win_done and not info["success"] and not win_info["success"]
+    assert 0.0 < game_pays < 1.0 and win_pays == 0.0 and win_info["game_reward"] == game_pays
+    env = TextArenaEnv("GuessTheNumber-v0", reward="win")
+    observation, _ = env.reset(seed=3)
+    done = False
+    while not done:
+        observation, paid, done, _, info = env.step(guesser(observation))
+    assert info["success"] and paid == 1.0
+    with pytest.raises(ValueError, match="textarena reward='wins'; expected 'game'"):
+        TextArenaEnv("GuessTheNumber-v0", reward="wins")
+
+
 def test_a_textarena_game_runs_in_the_step_wise_workflow_with_a_reused_pool():
     pytest.importorskip("textarena", reason="textarena is not installed (pip install 'trine[envs]')")
     workflow = StepWiseWorkflow(

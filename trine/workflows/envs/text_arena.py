@@ -19,7 +19,7 @@ already holds the game so far, so each observation is only what is new (the work
 The model's reply is the action, in the game's own format (``[42]`` for GuessTheNumber; a reply
 without brackets is wrapped in them, as textarena's default wrapper does). Rewards are textarena's:
 0 until the game ends, then the player's final reward (1 for a win, a fraction of the way for a
-partial result, lower for invalid moves); ``info["success"]`` is a win without an invalid move, and
+partial result, lower for invalid moves; ``reward: win`` pays only a win); ``info["success"]`` is a win without an invalid move, and
 ``info["invalid_action"]`` says whether this move was invalid (workflows count them: ``invalid_actions``).
 
 textarena draws its games with the process-wide ``random`` module (``random.seed(seed)`` in
@@ -66,6 +66,10 @@ class TextArenaEnv:
             workflow that keeps the conversation itself (``multi_turn`` sets False unless ``env_args``
             sets it).
         bracket_actions: wrap a reply without ``[`` ``]`` in brackets (textarena's default).
+        reward: ``"game"``: textarena's final reward (a fraction for a partial result, paid also for a
+            game ended by invalid moves); ``"win"``: 1 for a win without an invalid move, else 0 — for
+            games whose partial credit a policy can farm by quitting (GuessTheNumber pays a near miss
+            0.84-0.95 and a game ended by two invalid moves the fraction of its last valid guess).
     """
 
     def __init__(
@@ -74,7 +78,13 @@ class TextArenaEnv:
         game_args: dict[str, Any] | None = None,
         history: bool = True,
         bracket_actions: bool = True,
+        reward: str = "game",
     ) -> None:
+        if reward not in ("game", "win"):
+            raise ValueError(
+                f"textarena reward={reward!r}; expected 'game' (textarena's own final reward) or 'win' "
+                "(1 for a win without an invalid move, else 0)."
+            )
         ta = _textarena()
         if not isinstance(game, str) or game not in ta.envs.registration.ENV_REGISTRY:
             raise ValueError(
@@ -88,6 +98,7 @@ class TextArenaEnv:
         self.game = env
         self.history = history
         self.bracket_actions = bracket_actions
+        self.reward = reward
         self.transcript: list[str] = []
         self._random: Any = None  # this game's state of the random module
 
@@ -117,6 +128,9 @@ class TextArenaEnv:
             info.update(outcome)
             info["invalid_action"] = info["invalid_action"] or bool(outcome.get("invalid_move"))
             info["success"] = reward >= 1.0 and not outcome.get("invalid_move", False)
+            info["game_reward"] = reward
+            if self.reward == "win":
+                reward = float(info["success"])
         return observation, reward, bool(done), False, info
 
     def state_hash(self) -> str:
