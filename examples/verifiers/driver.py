@@ -1,4 +1,4 @@
-"""Run a verifiers environment against ``trine serve`` and send its rewards back, round after round.
+"""Run a verifiers environment against ``trine serve`` and send its rewards back as its episodes finish.
 
 verifiers (0.4, ``verifiers.v1``) plays its episodes with its own programs (``vf-eval``; here the ``null``
 harness, one chat per task, in a ``subprocess`` runtime) against any OpenAI-compatible endpoint, and scores
@@ -6,11 +6,13 @@ each trace with the taskset's ``@vf.reward`` functions. It never sees Trine. Thi
 recording proxy between the two:
 
 - each ``/v1/chat/completions`` request is forwarded to ``trine serve`` with a ``task_id`` made from the
-  round and the prompt, so the ``-r`` rollouts of one task form one GRPO group, and the proxy notes the
-  response id and each choice's text;
-- after the round, each trace's reward (the sum of its weighted reward scores) is posted to
-  ``/v1/feedback`` for the responses whose prompt and text the trace holds (a multi-turn trace gives its
-  reward to every call it made).
+  prompt and how often it was asked (every ``--samples`` asks of one prompt are one group: the ``-r``
+  rollouts of a task form one GRPO group), and the proxy notes the response id and each choice's text;
+- one ``vf-eval`` plays every task (``--rounds`` × ``--questions``, ``--samples`` rollouts each, at most
+  ``--in-flight`` at once) and appends each finished episode to its ``traces.jsonl``; the driver follows
+  that file and posts each trace's reward (the sum of its weighted reward scores) to ``/v1/feedback`` for
+  the responses whose prompt and text the trace holds (a multi-turn trace gives its reward to every call
+  it made). No round waits for its slowest rollout, and vf-eval starts once (~6 s of imports).
 
 ``trine train`` (mode async, the same run directory) trains on those rows and publishes weights that
 ``trine serve`` loads, so later rounds sample the newer policy. Only the standard library is used: run it
@@ -19,13 +21,13 @@ with the verifiers venv's python (``scripts/side_venv.sh verifiers verifiers==0.
     .venv-verifiers/bin/python examples/verifiers/driver.py --base-url http://127.0.0.1:8000/v1 \\
         --model serve_agent --rounds 10 --questions 8 --samples 4
 
-Each round prints one JSON line: ``{"round", "reward", "traces", "posted", "unmatched"}``.
+Each ``--questions`` × ``--samples`` finished traces (a "round", one trainer batch when ``trainer.batch_size``
+equals it) print one JSON line: ``{"round", "reward", "traces", "posted", "unmatched"}``.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
 import json
 import os
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,11 +47,20 @@ HERE = Path(__file__).resolve().parent
 class Recorder:
     """What the proxy saw: per (prompt text, reply text), the (response id, choice) pairs that answered it."""
 
-    def __init__(self, upstream: str, round_tag: str = "r0") -> None:
+    def __init__(self, upstream: str, samples: int, tag: str = "vf") -> None:
         self.upstream = upstream.rstrip("/")
-        self.round_tag = round_tag
+        self.samples, self.tag = samples, tag
         self.answers: dict[tuple[str, str], list[tuple[str, int]]] = {}
+        self.asked: dict[str, int] = {}  # prompt text -> how many calls asked it
         self.lock = threading.Lock()
+
+    def task_id(self, key: str) -> str:
+        """Every ``samples`` asks of one prompt form one group (two tasks with the same question, in
+        flight together, are still groups of ``samples`` answers to that question)."""
+        with self.lock:
+            count = self.asked.get(key, 0)
+            self.asked[key] = count + 1
+        return f"{self.tag}-{hashlib.sha1(key.encode()).hexdigest()[:12]}-{count // self.samples}"
 
     def forward(
         self, path: str, method: str, body: bytes | None, headers: dict[str, str]
@@ -58,7 +70,7 @@ class Recorder:
         if method == "POST" and path.endswith("/chat/completions") and body:
             request = json.loads(body)
             key = prompt_text(request.get("messages") or [])
-            request.setdefault("task_id", f"{self.round_tag}-{hashlib.sha1(key.encode()).hexdigest()[:12]}")
+            request.setdefault("task_id", self.task_id(key))
             body = json.dumps(request).encode()
         url = self.upstream + path.removeprefix("/v1")
         out = urllib.request.Request(url, data=body, method=method, headers=headers)
@@ -139,20 +151,19 @@ def serve_proxy(recorder: Recorder) -> ThreadingHTTPServer:
     return server
 
 
-def trace_rewards(traces_file: Path) -> list[tuple[float, list[tuple[str, str]]]]:
-    """Per trace of a ``vf-eval`` run: its reward and the (prompt text, reply text) of each model call."""
+def trace_rewards(episode: dict) -> list[tuple[float, list[tuple[str, str]]]]:
+    """Per trace of one episode line of ``traces.jsonl``: its reward and the (prompt text, reply text) of
+    each model call."""
     found = []
-    for line in traces_file.read_text().splitlines():
-        episode = json.loads(line)
-        for trace in episode.get("traces", []):
-            rewards = trace.get("rewards") or {}
-            reward = sum(r["score"] * r.get("weight", 1.0) for r in rewards.values() if r)
-            messages = [node.get("message") or {} for node in trace.get("nodes", [])]
-            calls = []
-            for i, message in enumerate(messages):
-                if message.get("role") == "assistant":
-                    calls.append((prompt_text(messages[:i]), content_text(message.get("content"))))
-            found.append((reward, calls))
+    for trace in episode.get("traces", []):
+        rewards = trace.get("rewards") or {}
+        reward = sum(r["score"] * r.get("weight", 1.0) for r in rewards.values() if r)
+        messages = [node.get("message") or {} for node in trace.get("nodes", [])]
+        calls = []
+        for i, message in enumerate(messages):
+            if message.get("role") == "assistant":
+                calls.append((prompt_text(messages[:i]), content_text(message.get("content"))))
+        found.append((reward, calls))
     return found
 
 
@@ -168,9 +179,11 @@ def post_feedback(base_url: str, response_id: str, choice: int, reward: float) -
         pass
 
 
-def run_round(args: argparse.Namespace, round_index: int, proxy_url: str, out: Path) -> Path:
-    """One ``vf-eval`` over ``--questions`` tasks × ``--samples`` rollouts through the proxy."""
+def launch(args: argparse.Namespace, proxy_url: str, out: Path) -> subprocess.Popen:
+    """One ``vf-eval`` over every task (``--rounds`` × ``--questions``, ``--samples`` rollouts each, at most
+    ``--in-flight`` episodes at once) through the proxy; its output goes to ``out/vf-eval.log``."""
     vf_eval = Path(sys.executable).with_name("vf-eval")
+    tasks = args.rounds * args.questions
     command = [
         str(vf_eval),
         args.taskset,
@@ -181,9 +194,11 @@ def run_round(args: argparse.Namespace, round_index: int, proxy_url: str, out: P
         "--client.api-key-var",
         "TRINE_API_KEY",
         "-n",
-        str(args.questions),
+        str(tasks),
         "-r",
         str(args.samples),
+        "-c",
+        str(args.in_flight),
         "--no-push",
         "--no-rich",
         "--clean",
@@ -195,12 +210,14 @@ def run_round(args: argparse.Namespace, round_index: int, proxy_url: str, out: P
         str(args.max_tokens),
         "--sampling.temperature",
         "1.0",
+        "--env.taskset.num-tasks",
+        str(tasks),
         "--env.taskset.seed",
-        str(args.seed + round_index),
+        str(args.seed),
         "-o",
         str(out),
         "--run.dir",
-        f"round-{round_index}",
+        "run",
     ]
     env = {
         **os.environ,
@@ -208,13 +225,32 @@ def run_round(args: argparse.Namespace, round_index: int, proxy_url: str, out: P
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "TRINE_API_KEY": os.environ.get("TRINE_API_KEY", "unused"),
     }
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.round_timeout)
-    files = glob.glob(str(out / f"round-{round_index}" / "traces.jsonl"))
-    if done.returncode != 0 or not files:
-        raise SystemExit(
-            f"vf-eval failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-        )
-    return Path(files[0])
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "vf-eval.log").open("w")
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def follow(path: Path, proc: subprocess.Popen, deadline: float):
+    """Each complete line appended to ``path`` while ``proc`` runs (and what is left once it ends)."""
+    offset, partial = 0, ""
+    while True:
+        running = proc.poll() is None
+        if path.exists():
+            with path.open() as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset = f.tell()
+            lines = (partial + chunk).split("\n")
+            partial = lines.pop()
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"vf-eval ran past --timeout; its log: {path.parent.parent / 'vf-eval.log'}")
+        time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -224,39 +260,56 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--taskset", default="trine-sums", help="the verifiers taskset id (a package to import)"
     )
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--questions", type=int, default=8, help="tasks per round (vf-eval -n)")
+    parser.add_argument("--rounds", type=int, default=10, help="how many batches of tasks to play")
+    parser.add_argument("--questions", type=int, default=8, help="tasks per round")
     parser.add_argument(
         "--samples", type=int, default=4, help="rollouts per task (vf-eval -r; the GRPO group)"
     )
+    parser.add_argument(
+        "--in-flight", type=int, default=None, help="episodes at once (vf-eval -c; default one round's)"
+    )
     parser.add_argument("--max-tokens", type=int, default=6)
-    parser.add_argument("--seed", type=int, default=0, help="round i uses taskset seed seed + i")
+    parser.add_argument("--seed", type=int, default=0, help="the taskset's seed (its operands)")
     parser.add_argument("--out", default="outputs/verifiers", help="vf-eval's output directory")
-    parser.add_argument("--round-timeout", type=float, default=600)
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds for the whole vf-eval run")
     args = parser.parse_args(argv)
-    recorder = Recorder(args.base_url)
+    args.in_flight = args.in_flight or args.questions * args.samples
+    out = Path(args.out).absolute()
+    recorder = Recorder(args.base_url, args.samples, tag=f"vf{args.seed}-{int(time.time())}")
     proxy = serve_proxy(recorder)
     proxy_url = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
-    log = []
+    per_round = args.questions * args.samples
+    log, rewards, posted, unmatched = [], [], 0, 0
     try:
-        for r in range(args.rounds):
-            recorder.round_tag, recorder.answers = f"r{r}", {}
-            traces = trace_rewards(run_round(args, r, proxy_url, Path(args.out).absolute()))
-            posted = unmatched = 0
-            for reward, calls in traces:
+        proc = launch(args, proxy_url, out)
+        traces_file = out / "run" / "traces.jsonl"
+        for episode in follow(traces_file, proc, time.monotonic() + args.timeout):
+            for reward, calls in trace_rewards(episode):
                 for call in calls:
-                    matches = recorder.answers.get(call) or []
-                    if not matches:
+                    with recorder.lock:
+                        matches = recorder.answers.get(call) or []
+                        found = matches.pop(0) if matches else None
+                    if found is None:
                         unmatched += 1
                         continue
-                    response_id, choice = matches.pop(0)
-                    post_feedback(args.base_url, response_id, choice, reward)
+                    post_feedback(args.base_url, found[0], found[1], reward)
                     posted += 1
-            score = statistics.fmean(reward for reward, _ in traces) if traces else 0.0
-            log.append(
-                {"round": r, "reward": score, "traces": len(traces), "posted": posted, "unmatched": unmatched}
-            )
-            print(json.dumps(log[-1]), flush=True)
+                rewards.append(reward)
+                if len(rewards) == per_round:
+                    log.append(
+                        {
+                            "round": len(log),
+                            "reward": statistics.fmean(rewards),
+                            "traces": len(rewards),
+                            "posted": posted,
+                            "unmatched": unmatched,
+                        }
+                    )
+                    print(json.dumps(log[-1]), flush=True)
+                    rewards, posted, unmatched = [], 0, 0
+        if proc.returncode != 0 or len(log) < args.rounds:
+            tail = (out / "vf-eval.log").read_text()[-3000:]
+            raise SystemExit(f"vf-eval failed (exit {proc.returncode}, {len(log)} rounds):\n{tail}")
     finally:
         proxy.shutdown()
     return log
