@@ -266,14 +266,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--samples", type=int, default=4, help="rollouts per task (vf-eval -r; the GRPO group)"
     )
     parser.add_argument(
-        "--in-flight", type=int, default=None, help="episodes at once (vf-eval -c; default one round's)"
+        "--in-flight",
+        type=int,
+        default=8,
+        help="episodes at once (vf-eval -c): each runs a Python process, so about 4 per core",
     )
     parser.add_argument("--max-tokens", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0, help="the taskset's seed (its operands)")
     parser.add_argument("--out", default="outputs/verifiers", help="vf-eval's output directory")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds for the whole vf-eval run")
     args = parser.parse_args(argv)
-    args.in_flight = args.in_flight or args.questions * args.samples
     out = Path(args.out).absolute()
     recorder = Recorder(args.base_url, args.samples, tag=f"vf{args.seed}-{int(time.time())}")
     proxy = serve_proxy(recorder)
