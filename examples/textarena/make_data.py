@@ -27,8 +27,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
-GAME = {"game": "GuessTheNumber-v0", "game_args": {"max_turns": 5}}  # config.yaml's env_args
-LOW, HIGH, TURNS = 1, 20, 5
+GAME = {"game": "GuessTheNumber-v0", "game_args": {"max_number": 8, "max_turns": 4}}  # config.yaml's env_args
+LOW, HIGH, TURNS = 1, 8, 4
 WORKFLOW_ARGS = {"env": "textarena", "env_args": GAME, "max_steps": TURNS}
 
 
