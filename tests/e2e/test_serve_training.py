@@ -23,13 +23,17 @@ pytest.importorskip("openai", reason="the agent example needs the openai client"
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = 30
-LIFT = 0.06
-"""Rise of the agent's mean reward from its first 5 rounds to its last 5 (16 questions x 8 answers per
-round, from the arithmetic SFT start; the agent stays at most 2 rounds ahead of the served weights).
-Measured (2026-11-23, 30 trainer steps, 32 rounds): 0.19 0.22 0.20 0.29 0.28 ... 0.46 0.36 0.48 0.34
-0.44, first 5 -> last 5 +0.18, round r answered by weights version ~r-1, nothing dropped stale. A
-5-round mean's standard error is about 0.02. (Without the lag bound, under a loaded CI machine, the
-agent ran ahead, its early rounds went stale and the trainer starved.)"""
+SEEDS = (0, 2)
+LIFT = 0.05
+"""Least rise of the agent's mean reward from its first 5 rounds to its last 5 (16 questions x 8 answers per
+round, from the arithmetic SFT start; the agent stays at most 2 rounds ahead of the served weights), mean
+over SEEDS (the trainer's seed and the agent's questions). Measured (2026-11-27, lr 5e-4, 30 steps, 2
+cores, seeds 0-7, two or three runs at a time): +0.10 +0.25 +0.12 +0.18 +0.13 +0.09 +0.09 +0.12 +0.16
++0.04 (seed 1's questions are easier: it starts at 0.55, the others at 0.25-0.32). A 5-round mean has a
+standard error of about 0.02 and the rounds' questions differ in difficulty, so one seed's rise is noisy;
+at lr 1e-3 a CI run rose to 0.38 by round 19 and fell back to 0.21 (first 5 -> last 5: -0.03). Without the
+lag bound, under a loaded CI machine, the agent ran ahead, its early rounds went stale and the trainer
+starved."""
 
 
 def _agent():
@@ -51,10 +55,14 @@ def _config(tmp_path: Path, model: Path) -> Path:
     return write_config(tmp_path / "serve.yaml", data)
 
 
-def test_a_black_box_agent_learns_through_trine_serve_and_trine_train(sft_start, tmp_path):
-    """The server starts first (serving the SFT start), then the trainer; the agent runs two rounds more
-    than the trainer's steps, so no step waits for a round that never comes. Measured: see LIFT."""
-    config = _config(tmp_path, sft_start)
+def _learn(tmp_path: Path, model: Path, seed: int) -> list[dict]:
+    """One run: the server starts first (serving the SFT start), then the trainer; the agent runs two rounds
+    more than the trainer's steps, so no step waits for a round that never comes. Returns the agent's log."""
+    tmp_path.mkdir()
+    config = _config(tmp_path, model)
+    data = yaml.safe_load(config.read_text())
+    data["seed"] = seed
+    write_config(config, data)
     server = trine("serve", str(config))
     trainer = None
     try:
@@ -67,7 +75,7 @@ def test_a_black_box_agent_learns_through_trine_serve_and_trine_train(sft_start,
             rounds=ROUNDS + 2,
             questions=16,
             samples=8,
-            seed=0,
+            seed=seed,
             max_lag=2,
         )
         log = asyncio.run(_agent().main(args))
@@ -78,11 +86,21 @@ def test_a_black_box_agent_learns_through_trine_serve_and_trine_train(sft_start,
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=60)
-    first = statistics.fmean(r["reward"] for r in log[:5])
-    last = statistics.fmean(r["reward"] for r in log[-5:])
-    assert last - first >= LIFT, [round(r["reward"], 3) for r in log]
     versions = [v for r in log for v in r["versions"]]
     assert versions[0] == 0 and max(versions) >= ROUNDS // 2, versions  # new weights were served
+    return log
+
+
+def test_a_black_box_agent_learns_through_trine_serve_and_trine_train(sft_start, tmp_path):
+    """Measured: see LIFT."""
+    lifts, logs = [], []
+    for seed in SEEDS:
+        log = _learn(tmp_path / f"seed{seed}", sft_start, seed)
+        first = statistics.fmean(r["reward"] for r in log[:5])
+        last = statistics.fmean(r["reward"] for r in log[-5:])
+        lifts.append(last - first)
+        logs.append([round(r["reward"], 3) for r in log])
+    assert statistics.fmean(lifts) >= LIFT, (lifts, logs)
 
 
 def test_trine_train_ends_finished_once_the_agent_stops(tiny_model_dir, tmp_path):
