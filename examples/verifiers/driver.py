@@ -19,7 +19,7 @@ recording proxy between the two:
 with the verifiers venv's python (``scripts/side_venv.sh verifiers verifiers==0.4.0 uv``), from anywhere::
 
     .venv-verifiers/bin/python examples/verifiers/driver.py --base-url http://127.0.0.1:8000/v1 \\
-        --model serve_agent --rounds 10 --questions 8 --samples 4
+        --model verifiers --rounds 11 --questions 8 --samples 4   # examples/verifiers/config.yaml's recipe
 
 Each ``--questions`` × ``--samples`` finished traces (a "round", one trainer batch when ``trainer.batch_size``
 equals it) print one JSON line: ``{"round", "reward", "traces", "posted", "unmatched"}``.
@@ -256,11 +256,13 @@ def follow(path: Path, proc: subprocess.Popen, deadline: float):
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="trine serve's /v1 URL")
-    parser.add_argument("--model", default="serve_agent", help="the served model's name")
+    parser.add_argument("--model", default="verifiers", help="the served model's name (the config's name)")
     parser.add_argument(
         "--taskset", default="trine-sums", help="the verifiers taskset id (a package to import)"
     )
-    parser.add_argument("--rounds", type=int, default=10, help="how many batches of tasks to play")
+    parser.add_argument(
+        "--rounds", type=int, default=11, help="batches of tasks to play (one more than the trainer's steps)"
+    )
     parser.add_argument("--questions", type=int, default=8, help="tasks per round")
     parser.add_argument(
         "--samples", type=int, default=4, help="rollouts per task (vf-eval -r; the GRPO group)"
