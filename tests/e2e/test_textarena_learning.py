@@ -6,16 +6,15 @@ averaged over two seeds (the numbers over more seeds: examples/textarena/README.
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 
 import pytest
 import yaml
 
 from tests.helpers import ROOT, read_metrics
-from trine.config import load_config
-from trine.loop import run
 
 pytest.importorskip("textarena", reason='textarena is not installed (pip install -e ".[envs]")')
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 EXAMPLE = ROOT / "examples" / "textarena"
 SEEDS = (0, 1)
@@ -29,8 +28,10 @@ noisy. At lr 1e-3 a 30-step run of seed 0 fell 13 points after rising (examples/
 
 
 def test_grpo_on_a_textarena_game_wins_more_held_out_games(tmp_path):
+    """The seeds run side by side, one ``trine run`` process each (one torch thread each: ``num_threads:
+    1``), so the suite's tail uses both cores."""
     steps = yaml.safe_load((EXAMPLE / "grpo.yaml").read_text())["tasks"]["total_steps"]
-    lifts = []
+    runs = {}
     for seed in SEEDS:
         run_dir = tmp_path / f"seed{seed}"
         overrides = [
@@ -41,8 +42,21 @@ def test_grpo_on_a_textarena_game_wins_more_held_out_games(tmp_path):
             f"eval.k={K}",
             "monitor.plot=false",
         ]
-        run(load_config(EXAMPLE / "grpo.yaml", overrides))
-        evals = [m for m in read_metrics(run_dir) if f"eval/guess/avg@{K}" in m]
-        assert [m["step"] for m in evals] == [0, steps]
-        lifts.append(evals[-1][f"eval/guess/avg@{K}"] - evals[0][f"eval/guess/avg@{K}"])
+        log = (tmp_path / f"seed{seed}.log").open("w")
+        command = [sys.executable, "-m", "trine.cli", "run", str(EXAMPLE / "grpo.yaml"), *overrides]
+        runs[seed] = (run_dir, log, subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+    lifts = []
+    try:
+        for seed, (run_dir, log, proc) in runs.items():
+            code = proc.wait(timeout=3600)
+            log.close()
+            assert code == 0, (tmp_path / f"seed{seed}.log").read_text()[-3000:]
+            evals = [m for m in read_metrics(run_dir) if f"eval/guess/avg@{K}" in m]
+            assert [m["step"] for m in evals] == [0, steps]
+            lifts.append(evals[-1][f"eval/guess/avg@{K}"] - evals[0][f"eval/guess/avg@{K}"])
+    finally:
+        for _, _, proc in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert statistics.fmean(lifts) >= LIFT, lifts
