@@ -178,23 +178,35 @@ def build_stage(
 def build_explorer_process(
     cfg: RunConfig, model: Any, tokenizer: Any, run_dir: Path, index: int, count: int, buffer: Any = None
 ) -> ExplorerSide:
-    """The explorer side of explorer process ``index`` of ``count`` (``trine explore``): its share of
-    the tasks, the run's SQL buffer (or ``buffer``: a Ray buffer writer), the trainer's weights
-    (:func:`process_sync`); it starts where its last incarnation stopped (the buffer counts the batches
-    it put)."""
-    from trine.tasks.partition import PartitionedScheduler
+    """The explorer side of explorer process ``index`` of ``count`` (``trine explore``): tasks claimed from
+    the run's SQL buffer's task ledger (or through ``buffer``: a Ray buffer writer, which numbers the task
+    stream itself), the trainer's weights (:func:`process_sync`); its batch count goes on from its last
+    incarnation's (the buffer counts the batches it put)."""
+    from trine.explorer.claims import TaskClaims, TaskStream
 
     algorithm = build_algorithm(cfg)
-    scheduler = PartitionedScheduler(_scheduler(cfg, algorithm, run_dir), index, count)
+    scheduler = _scheduler(cfg, algorithm, run_dir)
     engine = _engine(cfg, model, tokenizer)
     rollouts = run_dir / "explorers" / str(index) / "rollouts.jsonl" if cfg.explorer.dump_rollouts else None
     sync = process_sync(cfg, run_dir, f"explorer-{index}")
     explorer = _explorer(cfg, engine, rollouts)
+    name = f"explorer-{index}"
     side = _make_explorer_side(
-        cfg, algorithm, scheduler, explorer, sync, run_dir, tokenizer, buffer, producer=f"explorer-{index}"
+        cfg, algorithm, scheduler, explorer, sync, run_dir, tokenizer, buffer, producer=name
     )
-    scheduler.skip(side.batches, cfg.tasks.batch_size)
+    stream = (
+        None if buffer is not None else TaskStream(scheduler, cfg.tasks.batch_size, name)
+    )  # Ray: the writer's
+    side.claims = TaskClaims(side.buffer, stream, name, cfg.explorer.lease_seconds)
     return side
+
+
+def task_stream(cfg: RunConfig, run_dir: Path, owner: str) -> Any:
+    """The run's task stream, numbered for the task ledger of explorer processes
+    (:class:`trine.explorer.claims.TaskStream`), as ``owner`` draws it."""
+    from trine.explorer.claims import TaskStream
+
+    return TaskStream(_scheduler(cfg, build_algorithm(cfg), run_dir), cfg.tasks.batch_size, owner)
 
 
 def engine_class(cfg: RunConfig, *, local: bool = False) -> Any:

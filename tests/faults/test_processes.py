@@ -1,6 +1,6 @@
 """Explorer and trainer as separate processes (``trine explore`` ×2 + ``trine train``), each killed with
-SIGKILL mid-run and started again: the run finishes, and the SQL buffer shows that no batch or task sample
-was produced twice, none was lost, and every training step happened once."""
+SIGKILL mid-run and started again: the run finishes, and the SQL buffer shows that no batch, task or task
+sample was produced twice, none was lost, and every training step happened once."""
 
 from __future__ import annotations
 
@@ -108,6 +108,14 @@ def test_kill_9_the_trainer_and_an_explorer_then_restart_them(tmp_path, tiny_mod
     samples = Counter((task, run) for task, run, *_ in rows)
     assert max(samples.values()) == 1  # no task sample produced twice, by either explorer
     assert {status for _, _, status, _ in rows} <= {"ready", "dropped"}  # none rolled back or left pending
+    # the task ledger: each task of the shared stream claimed in order, its rows stored by one claim only
+    ledger = dict(db.execute("SELECT seq, state FROM experiences_tasks").fetchall())
+    assert sorted(ledger) == list(range(len(ledger))) and set(ledger.values()) <= {"done", "open", "lost"}
+    kept = db.execute(
+        "SELECT task_seq, COUNT(*) FROM experiences WHERE reward_status != 'dropped' GROUP BY task_seq"
+    ).fetchall()
+    assert all(n == 2 for _, n in kept), kept  # repeat 2: no task's rows stored twice
+    assert {seq for seq, _ in kept} == {seq for seq, state in ledger.items() if state == "done"}
     consumed = sum(1 for *_, at in rows if at is not None)
     assert consumed == STEPS * 4  # every step trained one batch of 2 tasks x 2 samples, none twice
     status = trine("status", str(run_dir))  # one line per process, the buffer, the published weights

@@ -18,17 +18,18 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Literal
 
 from trine.buffer import sql_sampling as q
+from trine.buffer import sql_tasks as ledger
 from trine.buffer.base import BufferTimeout
 from trine.buffer.sampling import SamplingRules, batch_metrics
+from trine.buffer.sql_rewind import ranges, rewind
 from trine.buffer.sql_schema import (
     DROPPED,
     PENDING,
     READY,
-    ROLLED_BACK,
     add_missing_columns,
     build_batches_table,
     build_table,
@@ -122,6 +123,12 @@ class SQLBuffer:
         """Stale experiences dropped by this object's ``get`` calls."""
         self.pending_expired = 0
         """Pending experiences expired by this object."""
+        self.tasks_retried = 0
+        """Ledger tasks this object's ``get`` calls opened again because their rows were dropped as stale."""
+        self.tasks_lost = 0
+        """Ledger tasks dropped as stale more than ``rules.stale_retries`` times by this object's ``get`` calls."""
+        self.taken_over = 0
+        """Rows this object's puts left out: their task's claim had expired and another explorer took it."""
         self.last_batch: dict[str, float] = {}
         """``buffer/reuse`` and ``buffer/staleness_*`` of the last batch this object handed out."""
         self._closed = False
@@ -135,12 +142,13 @@ class SQLBuffer:
         self._write_engine: Any = None
         self._table: Any = None
         self._batches: Any = None
+        self._tasks: Any = None
         self._lock = threading.Lock()
         self._cond = threading.Condition()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_engine", "_write_engine", "_table", "_batches", "_lock", "_cond", "_pid"):
+        for key in ("_engine", "_write_engine", "_table", "_batches", "_tasks", "_lock", "_cond", "_pid"):
             state.pop(key)
         return state
 
@@ -169,6 +177,7 @@ class SQLBuffer:
         )
         table = build_table(sa.MetaData(), self.table_name)
         batches = build_batches_table(table.metadata, self.table_name)  # created for old databases too
+        tasks = ledger.build_tasks_table(table.metadata, self.table_name)
 
         def create() -> None:
             table.metadata.create_all(write_engine)
@@ -187,6 +196,7 @@ class SQLBuffer:
                 "start the database server (scripts/postgres.sh for a local one) or fix the url."
             ) from err
         self._engine, self._write_engine, self._table, self._batches = engine, write_engine, table, batches
+        self._tasks = tasks
 
     def _retry(self, fn: Any, *, what: str, attempts: int = 20) -> Any:
         """Run ``fn`` again after transient lock/deadlock errors (and a create-table race)."""
@@ -206,14 +216,22 @@ class SQLBuffer:
     # -- the Buffer protocol ----------------------------------------------------------------------
 
     def put(
-        self, experiences: list[Experience], *, producer: str | None = None, producer_batch: int | None = None
+        self,
+        experiences: list[Experience],
+        *,
+        producer: str | None = None,
+        producer_batch: int | None = None,
+        claims: list[tuple[int, int]] | None = None,
     ) -> None:
         """Store experiences (those with a reward become trainable, ``reward=None`` ones pending) and
         record them as one explored batch, in one transaction.
 
         ``producer`` / ``producer_batch`` name the batch for a producer that restarts (an explorer
         process): a pair put before raises :class:`DuplicateBatch` and stores nothing, and
-        :meth:`produced` tells a restarted producer where it stopped.
+        :meth:`produced` tells a restarted producer where it stopped. ``claims``: the ``(seq, claim)`` of
+        the ledger tasks (:meth:`claim_tasks`) whose rows these are (``info["task_seq"]``): they are marked
+        done in the same transaction, and the rows of a claim another explorer took over are left out
+        (counted in :attr:`taken_over`).
         """
         for e in experiences:
             e.check()
@@ -222,16 +240,21 @@ class SQLBuffer:
         rows = [experience_to_row(e, now) for e in experiences]
         import sqlalchemy as sa
 
-        def insert() -> None:
+        def insert() -> int:
             with write.begin() as conn:
-                if rows:
-                    conn.execute(sa.insert(self._table), rows)
-                record = {"size": len(rows), "created_at": now}
+                mine = rows
+                if claims:
+                    done = ledger.finish(conn, self._tasks, claims, now)
+                    mine = [r for r in rows if r["task_seq"] is None or r["task_seq"] in done]
+                if mine:
+                    conn.execute(sa.insert(self._table), mine)
+                record = {"size": len(mine), "created_at": now}
                 record.update(producer=producer, producer_batch=producer_batch)
                 conn.execute(sa.insert(self._batches).values(**record))
+            return len(rows) - len(mine)
 
         try:
-            self._retry(insert, what="put")
+            left_out = self._retry(insert, what="put")
         except sa.exc.IntegrityError as err:
             if producer is not None and self._has_batch(producer, producer_batch):
                 raise DuplicateBatch(
@@ -242,6 +265,8 @@ class SQLBuffer:
                 f"put: an experience id in {[e.id for e in experiences][:5]}... is already stored in "
                 f"table {self.table_name!r} ({err.orig}); give each Experience a fresh id."
             ) from err
+        with self._lock:
+            self.taken_over += left_out
         self._wake()
 
     def set_rewards(self, rewards: dict[Any, float]) -> int:
@@ -359,7 +384,7 @@ class SQLBuffer:
 
         _, write = self._engines()
         t, rules = self._table, self.rules
-        rows, expired, dropped = None, 0, 0
+        rows, expired, dropped, retried, lost = None, 0, 0, 0, 0
         try:
             with write.begin() as conn:
                 if self._serialized():
@@ -373,7 +398,9 @@ class SQLBuffer:
                     return None if batch is None else ([], [])
                 size = n if batch is None else batch.size
                 expired = q.expire_pending(conn, t, rules, now)
+                stale = q.stale_tasks(conn, t, floor)
                 dropped = q.drop_stale(conn, t, floor)
+                retried, lost = ledger.requeue_stale(conn, t, self._tasks, stale, rules.stale_retries)
                 number = q.next_get(conn, t) if rules.replay else None
                 rows = q.choose(conn, t, rules, size, floor, number)
                 if rows is not None:
@@ -385,6 +412,8 @@ class SQLBuffer:
         with self._lock:  # committed
             self.dropped_stale += dropped
             self.pending_expired += expired
+            self.tasks_retried += retried
+            self.tasks_lost += lost
         return None if rows is None else (rows, [r.use_count + 1 for r in rows])
 
     def _serialized(self) -> bool:
@@ -484,6 +513,55 @@ class SQLBuffer:
         self._wake()
         return [(r.id, r.task_id, r.created_at, dict(r.info or {})) for r in rows]
 
+    def claim_tasks(
+        self, owner: str, n: int, lease: float, draw: Callable[[int, int], list[Any]]
+    ) -> list[ledger.Claim]:
+        """Claim up to ``n`` tasks of the shared stream for explorer ``owner`` for ``lease`` seconds: open
+        and expired ones first, then new ones from ``draw(first_seq, count)`` (:func:`sql_tasks.claim`)."""
+        import sqlalchemy as sa
+
+        _, write = self._engines()
+
+        def take() -> list[ledger.Claim]:
+            with write.begin() as conn:
+                if self._engine.dialect.name == "postgresql":  # one claimer at a time picks new numbers
+                    conn.execute(
+                        sa.select(sa.func.pg_advisory_xact_lock(zlib.crc32(self._tasks.name.encode())))
+                    )
+                return ledger.claim(conn, self._tasks, owner, n, self.clock(), lease, draw)
+
+        return self._retry(take, what="claim tasks")
+
+    def renew_tasks(self, owner: str, claims: list[tuple[int, int]], lease: float) -> int:
+        """Extend ``owner``'s claims ``(seq, claim)`` by ``lease`` seconds from now; how many it still holds."""
+        _, write = self._engines()
+
+        def extend() -> int:
+            with write.begin() as conn:
+                return ledger.renew(conn, self._tasks, owner, claims, self.clock() + lease)
+
+        return self._retry(extend, what="renew claims")
+
+    def release_tasks(self, owner: str) -> int:
+        """Open the tasks an earlier incarnation of explorer ``owner`` claimed and never put."""
+        _, write = self._engines()
+
+        def release() -> int:
+            with write.begin() as conn:
+                return ledger.release(conn, self._tasks, owner)
+
+        return self._retry(release, what="release claims")
+
+    def task_counts(self) -> dict[str, int]:
+        """Ledger tasks by state, for every explorer (:func:`sql_tasks.counts`)."""
+        read, _ = self._engines()
+
+        def count() -> dict[str, int]:
+            with read.connect() as conn:
+                return ledger.counts(conn, self._tasks, self.clock())
+
+        return self._retry(count, what="count tasks")
+
     def produced(self, producer: str) -> int:
         """How many batches ``producer`` has put: one more than its largest ``producer_batch`` (0: none)."""
         import sqlalchemy as sa
@@ -535,6 +613,13 @@ class SQLBuffer:
         }
         if self.rules.pending_timeout is not None:
             out["buffer/pending_expired"] = float(counts["pending_expired"])
+        if self.tasks_retried or self.tasks_lost:  # tasks dropped as stale (explorer processes' ledger)
+            out.update(
+                {
+                    "buffer/tasks_retried": float(self.tasks_retried),
+                    "buffer/tasks_lost": float(self.tasks_lost),
+                }
+            )
         return {**out, **self.last_batch}
 
     def state_dict(self) -> dict[str, Any]:
@@ -566,7 +651,7 @@ class SQLBuffer:
             # batches first: a put landing in between leaves rows past the batch mark (rolled back
             # or kept, never handed out by get(None)), never a batch whose rows were rolled back
             batch_mark, untaken = q.batch_mark(conn, self._batches)
-            return self._mark(conn), {"mark": batch_mark, "untaken": _ranges(untaken)}
+            return self._mark(conn), {"mark": batch_mark, "untaken": ranges(untaken)}
 
     def _mark(self, conn: Any) -> dict[str, Any]:
         import sqlalchemy as sa
@@ -582,8 +667,8 @@ class SQLBuffer:
         fresh = [r for r in open_rows if r.use_count == 0 and r.last_get is None]
         return {
             "mark": mark,
-            "ready": _ranges([r.seq for r in fresh if r.reward_status == READY]),
-            "pending": _ranges([r.seq for r in fresh if r.reward_status == PENDING]),
+            "ready": ranges([r.seq for r in fresh if r.reward_status == READY]),
+            "pending": ranges([r.seq for r in fresh if r.reward_status == PENDING]),
             "used": [
                 [r.seq, r.use_count, r.last_get] for r in open_rows if r.use_count or r.last_get is not None
             ],
@@ -621,61 +706,15 @@ class SQLBuffer:
             self.last_rewind = self._retry(lambda: self._rewind(state["rewind"], batches), what="rewind")
 
     def _rewind(self, rw: dict[str, Any], batches: dict[str, Any] | None) -> dict[str, int]:
-        import sqlalchemy as sa
-
+        """One transaction of :func:`trine.buffer.sql_rewind.rewind`; wakes waiting readers if rows moved."""
         _, write = self._engines()
-        t = self._table
-
-        def priority(uses: int) -> Any:
-            return t.c.policy_version - sa.literal(float(uses * self.rules.reuse_decay), sa.Float())
-
-        def reset(uses: int = 0, last_get: int | None = None) -> dict[str, Any]:
-            return {"consumed_at": None, "use_count": uses, "last_get": last_get, "priority": priority(uses)}
-
-        def moved(uses: int = 0, last_get: int | None = None) -> Any:  # differs from the checkpoint
-            return (
-                (t.c.reward_status != READY)
-                | t.c.consumed_at.is_not(None)
-                | (t.c.use_count != uses)
-                | t.c.last_get.is_distinct_from(last_get)
-            )
-
         with write.begin() as conn:
-            run = conn.execute
-            later = sa.update(t).where(t.c.seq > int(rw["mark"]), t.c.reward_status != ROLLED_BACK)
-            rolled, restored = 0, 0
-            if self.rewind == "reads":  # rows put since stay; what was taken or dropped since is undone
-                taken = later.where(t.c.reward.is_not(None), t.c.expired_at.is_(None), moved())
-                restored += run(taken.values(reward_status=READY, **reset())).rowcount
-                expired = later.where(t.c.expired_at.is_not(None), t.c.reward_status != PENDING)
-                values = {"reward_status": PENDING, "reward": None, "expired_at": None, **reset()}
-                restored += run(expired.values(**values)).rowcount
-            else:
-                values = {
-                    "reward_status": ROLLED_BACK,
-                    "consumed_at": None,
-                    "last_get": None,
-                    "expired_at": None,
-                }
-                rolled = run(later.values(**values)).rowcount
-            for within in _in_ranges(t.c.seq, rw.get("ready", [])):
-                stmt = sa.update(t).where(within, moved()).values(reward_status=READY, **reset())
-                restored += run(stmt).rowcount
-            for within in _in_ranges(t.c.seq, rw.get("pending", [])):
-                expired = sa.update(t).where(within, t.c.expired_at.is_not(None))  # expired after it
-                values = {"reward_status": PENDING, "reward": None, "expired_at": None, **reset()}
-                restored += run(expired.values(**values)).rowcount
-                rewarded = sa.update(t).where(within, t.c.reward.is_not(None), moved())  # by a grader
-                restored += run(rewarded.values(reward_status=READY, **reset())).rowcount
-            for seq, uses, last_get in rw.get("used", []):
-                stmt = sa.update(t).where(t.c.seq == seq, moved(uses, last_get))
-                restored += run(stmt.values(reward_status=READY, **reset(uses, last_get))).rowcount
-            untaken = 0
-            if batches is not None:
-                untaken = _rewind_batches(conn, self._batches, batches, keep_later=self.rewind == "reads")
-        if rolled or restored or untaken:
+            out, changed = rewind(
+                conn, self._table, self._batches, self._tasks, self.rules, rw, batches, self.rewind
+            )
+        if changed:
             self._wake()
-        return {"rolled_back": rolled, "restored": restored}
+        return out
 
     def close(self) -> None:
         """Stop waiting ``get`` calls and release this process's connections."""
@@ -683,45 +722,10 @@ class SQLBuffer:
         self._wake()
         if self._engine is not None and self._pid == os.getpid():
             self._engine.dispose()
-            self._engine = self._write_engine = self._table = self._batches = None
+            self._engine = self._write_engine = self._table = self._batches = self._tasks = None
 
     def __repr__(self) -> str:
         import sqlalchemy as sa
 
         url = sa.make_url(self.url).render_as_string(hide_password=True)
         return f"SQLBuffer({url!r}, table={self.table_name!r})"
-
-
-def _ranges(seqs: list[int]) -> list[list[int]]:
-    """Sorted ``seqs`` as ``[first, last]`` runs of consecutive numbers (compact checkpoints)."""
-    out: list[list[int]] = []
-    for seq in seqs:
-        if out and seq == out[-1][1] + 1:
-            out[-1][1] = seq
-        else:
-            out.append([seq, seq])
-    return out
-
-
-def _rewind_batches(conn: Any, b: Any, mark: dict[str, Any], keep_later: bool = False) -> int:
-    """Delete the batches recorded after ``mark["mark"]`` (``keep_later``: un-take them instead); un-take
-    those in ``mark["untaken"]`` (ranges) that were taken since. Returns how many batches changed."""
-    import sqlalchemy as sa
-
-    later = b.c.batch > int(mark["mark"])
-    if keep_later:
-        changed = conn.execute(sa.update(b).where(later).values(taken_at=None)).rowcount
-    else:
-        changed = conn.execute(sa.delete(b).where(later)).rowcount
-    for within in _in_ranges(b.c.batch, mark.get("untaken", [])):
-        stmt = sa.update(b).where(within, b.c.taken_at.is_not(None)).values(taken_at=None)
-        changed += conn.execute(stmt).rowcount
-    return changed
-
-
-def _in_ranges(column: Any, ranges: list[list[int]], chunk: int = 200) -> Iterator[Any]:
-    """Conditions ``column`` in ``ranges``, ``chunk`` ranges each (within SQLite's bound-parameter limit)."""
-    import sqlalchemy as sa
-
-    for i in range(0, len(ranges), chunk):
-        yield sa.or_(*(column.between(first, last) for first, last in ranges[i : i + chunk]))

@@ -85,6 +85,16 @@ def drop_stale(conn: Any, t: Any, floor: int | None) -> int:
     return conn.execute(stmt.values(reward_status=DROPPED)).rowcount
 
 
+def stale_tasks(conn: Any, t: Any, floor: int | None) -> set[int]:
+    """The ledger tasks (``task_seq``) of the rows :func:`drop_stale` is about to drop."""
+    import sqlalchemy as sa
+
+    if floor is None:
+        return set()
+    stmt = sa.select(t.c.task_seq).where(trainable(t), t.c.policy_version < floor, t.c.task_seq.is_not(None))
+    return {int(r[0]) for r in conn.execute(stmt.distinct())}
+
+
 def peek(conn: Any, t: Any, rules: SamplingRules, floor: int | None, now: float) -> tuple[int, bool]:
     """(rows eligible for the next get, whether expiry or stale drops are due), without writing."""
     import sqlalchemy as sa

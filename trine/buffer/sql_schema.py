@@ -39,6 +39,8 @@ action_mask        bytes           int32 little-endian, one per response token
 logprobs           bytes, null     float32 little-endian, one per response token
 token_rewards      bytes, null     float32 little-endian
 info               JSON            ``Experience.info`` (the whole dict; the copies above are for queries)
+task_seq           integer, null   ``info["task_seq"]``: the row's task in the task ledger of explorer
+                                   processes (:mod:`trine.buffer.sql_tasks`); NULL otherwise
 =================  ==============  =====================================================================
 
 Beside it, the table ``<table>_batches`` (e.g. ``experiences_batches``) holds one row per ``put``:
@@ -140,6 +142,7 @@ def build_table(metadata: Any, name: str) -> Any:
         sa.Column("logprobs", sa.LargeBinary(), nullable=True),
         sa.Column("token_rewards", sa.LargeBinary(), nullable=True),
         sa.Column("info", sa.JSON(), nullable=False),
+        sa.Column("task_seq", sa.BigInteger(), nullable=True),  # its task in the ledger (explorer processes)
         # get(): unconsumed rows of one status in seq order; set_rewards by (task_id, run_id).
         sa.Index(f"ix_{name}_claim", "reward_status", "consumed_at", "seq"),
         sa.Index(f"ix_{name}_task_run", "task_id", "run_id"),
@@ -222,6 +225,7 @@ def experience_to_row(e: Experience, now: float) -> dict[str, Any]:
         "logprobs": pack(e.logprobs, _FLOAT32),
         "token_rewards": pack(e.token_rewards, _FLOAT32),
         "info": info,
+        "task_seq": info.get("task_seq"),
     }
 
 

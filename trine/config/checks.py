@@ -369,11 +369,10 @@ def _process_problems(cfg: RunConfig) -> list[str]:
         problems.append(
             f"tasks.curriculum feeds pass rates back to one scheduler; it is not supported with {layout}"
         )
-    e = cfg.explorer
-    if e.oversample != 1 or e.tail_seconds is not None or e.partial_rollout:
+    if cfg.explorer.partial_rollout:
         problems.append(
-            "explorer.oversample / tail_seconds / partial_rollout are produce strategies of the streaming "
-            "explorer of mode async in one process (launch: thread); explorer processes explore whole "
-            "batches of their share of the tasks: remove them or set launch: thread"
+            "explorer.partial_rollout (new weights between two tokens) is built for mode async in one process "
+            "(launch: thread); explorer processes load new weights between generations: remove it or set "
+            "launch: thread"
         )
     return problems

@@ -40,6 +40,10 @@ class BufferRules(Section):
     """Gets an experience waits after each use before it is eligible again."""
     max_staleness: NonNegInt | None = None
     """Drop (and count) experiences more than this many versions older than the trainer's."""
+    stale_retries: NonNegInt = 2
+    """Explorer processes (``launch: processes`` / ``ray``): a task whose rows were all dropped by
+    ``max_staleness`` is explored again with newer weights, up to this many times
+    (``buffer/tasks_retried``), then counted lost (``buffer/tasks_lost``); never silently lost."""
     pending_timeout: Positive | None = None
     """Seconds a pending (reward=None) experience may wait for its reward."""
     pending_action: Literal["drop", "default"] = "drop"
@@ -187,6 +191,17 @@ class TrainerConfig(Section):
     ``attn_implementation: flash_attention_2`` (varlen kernels); under sdpa / eager the packed row's
     block-diagonal mask makes attention quadratic in the whole micro-batch (``benchmarks/gpu_trainer.py``).
     Needs transformers with packed-sequence masks (>= 4.54)."""
+    shared_prompt: bool | Literal["auto"] = "auto"
+    """Run each distinct prompt of a micro-batch once for all of its responses (GRPO's ``repeat``
+    samples of a task share one prompt) instead of once per sample: the prompt's keys/values are reused
+    by its responses and their gradients flow back through them, so logprobs, loss and gradients are
+    the per-sample forward's up to float rounding, from fewer tokens. Micro-batches then keep each
+    prompt's rows together, ``micro_batch_tokens`` counting ``prompts × (prompt length - 1) + rows ×
+    longest response`` (:mod:`trine.models.shared_prompt`). ``auto``: per mini-batch, where it runs
+    fewer tokens than the per-sample forward (padded or ``packed``) and the model allows it (a
+    full-attention KV cache, no gradient checkpointing, no FSDP); ``true``: every step whose prompts
+    all hold >= 2 tokens (a model that does not allow it fails when the trainer is built); ``false``:
+    never."""
     batch_size: Count | None = None
     """Experiences the trainer takes from the buffer per step. None: one explored batch, whole (what
     sync mode trains on: ``tasks.batch_size`` tasks × ``repeat``, fewer if tasks were skipped or
@@ -203,6 +218,17 @@ class TrainerConfig(Section):
             raise ValueError(
                 f"trainer.min_lr_ratio={self.min_lr_ratio} only applies to lr_schedule: cosine; "
                 "set lr_schedule: cosine or remove min_lr_ratio"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _shared_prompt_fits(self) -> TrainerConfig:
+        clash = [k for k in ("gradient_checkpointing", "fsdp") if getattr(self, k)]
+        if self.shared_prompt is True and clash:
+            raise ValueError(
+                f"trainer.shared_prompt: true with trainer.{clash[0]}: true; the shared-prompt forward "
+                f"runs without {clash[0].replace('_', ' ')}; set trainer.shared_prompt: auto (it then "
+                f"stays off) or {clash[0]}: false"
             )
         return self
 

@@ -425,7 +425,12 @@ class ExplorerConfig(Section):
     weights are loaded between generations."""
     instances: Count = 1
     """Explorer processes ``trine run`` starts with ``launch: processes`` (``trine explore
-    --explorer-id i --explorers n`` each; they split the tasks without overlap)."""
+    --explorer-id i --explorers n`` each). They pull tasks from one shared stream as they have room
+    (a fast explorer takes more), through the buffer's task ledger."""
+    lease_seconds: Positive = 60.0
+    """Explorer processes: how long an explorer's claim on a task lasts unless renewed. A running explorer
+    renews its claims every third of this; the claims of one that died or hangs expire after it and the
+    other explorers take those tasks."""
     auxiliary_models: dict[str, AuxiliaryModelConfig] = {}
     """Models that workflows (an ``auxiliary_models`` parameter) and rewards (a ``models`` parameter, e.g.
     ``llm_judge``) call by name: ``{judge: {path: ...}}`` or ``{judge: {base_url: ..., model: ...}}``."""

@@ -5,7 +5,7 @@
 - :class:`ExplorerActor` runs one explorer (:func:`trine.launch.processes.explore`), which puts its batches
   through the buffer writer (or into PostgreSQL itself) and receives weights by broadcast.
 - :class:`BufferWriter` owns the run's SQLite buffer for the explorers' puts; explorers see it through
-  :class:`RemoteBuffer`, which has the three methods an explorer process calls on its buffer.
+  :class:`RemoteBuffer`, which has the methods an explorer process calls on its buffer (puts, and claims of the task ledger).
 
 The classes are plain Python; :mod:`trine.distributed.launch` turns them into Ray actors (``ray.remote``),
 so this module imports ray only where a method needs it.
@@ -101,9 +101,30 @@ class BufferWriter:
         from trine.buffer import open_buffer
 
         self.buffer = open_buffer(stages[0].buffer, Path(run_dir))
+        self.cfg, self.run_dir, self.stream = stages[0], Path(run_dir), None
 
-    def put(self, experiences: list[Experience], producer: str, producer_batch: int) -> None:
-        self.buffer.put(experiences, producer=producer, producer_batch=producer_batch)
+    def put(
+        self, experiences: list[Experience], producer: str, producer_batch: int, claims: list[tuple[int, int]]
+    ) -> None:
+        self.buffer.put(experiences, producer=producer, producer_batch=producer_batch, claims=claims)
+
+    def claim_tasks(self, owner: str, n: int, lease: float) -> list[Any]:
+        """Claims from the ledger; new tasks come from the writer's own copy of the task stream, so an
+        explorer on another node needs neither the taskset nor the run directory to pull work."""
+        if self.stream is None:
+            from trine.build import task_stream
+
+            self.stream = task_stream(self.cfg, self.run_dir, "buffer-writer")
+        return list(self.buffer.claim_tasks(owner, n, lease, self.stream))
+
+    def renew_tasks(self, owner: str, claims: list[tuple[int, int]], lease: float) -> int:
+        return int(self.buffer.renew_tasks(owner, claims, lease))
+
+    def release_tasks(self, owner: str) -> int:
+        return int(self.buffer.release_tasks(owner))
+
+    def task_counts(self) -> dict[str, int]:
+        return dict(self.buffer.task_counts())
 
     def produced(self, producer: str) -> int:
         return int(self.buffer.produced(producer))
@@ -121,10 +142,33 @@ class RemoteBuffer:
     def __init__(self, writer: Any) -> None:
         self.writer = writer
 
-    def put(self, experiences: list[Experience], producer: str, producer_batch: int) -> None:
+    def put(
+        self, experiences: list[Experience], producer: str, producer_batch: int, claims: list[tuple[int, int]]
+    ) -> None:
         import ray
 
-        ray.get(self.writer.put.remote(experiences, producer, producer_batch))
+        ray.get(self.writer.put.remote(experiences, producer, producer_batch, claims))
+
+    def claim_tasks(self, owner: str, n: int, lease: float, stream: Any = None) -> list[Any]:
+        """Claims through the writer (``stream`` is None here: the writer numbers the task stream)."""
+        import ray
+
+        return list(ray.get(self.writer.claim_tasks.remote(owner, n, lease)))
+
+    def renew_tasks(self, owner: str, claims: list[tuple[int, int]], lease: float) -> int:
+        import ray
+
+        return int(ray.get(self.writer.renew_tasks.remote(owner, claims, lease)))
+
+    def release_tasks(self, owner: str) -> int:
+        import ray
+
+        return int(ray.get(self.writer.release_tasks.remote(owner)))
+
+    def task_counts(self) -> dict[str, int]:
+        import ray
+
+        return dict(ray.get(self.writer.task_counts.remote()))
 
     def produced(self, producer: str) -> int:
         import ray

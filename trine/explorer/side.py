@@ -15,6 +15,7 @@ from trine.types import Experience, Task
 if TYPE_CHECKING:
     from trine.buffer import Buffer
     from trine.buffer.operators import Pipeline
+    from trine.explorer.claims import TaskClaims
     from trine.explorer.runner import Explorer
     from trine.explorer.side import ExplorerSide
     from trine.models.protocol import RolloutModel
@@ -106,7 +107,11 @@ class ExplorerSide:
     """Tasks a streaming explorer had drawn but not put when its state was saved: a resumed stream runs
     them first, so none is lost."""
     activity: Activity = field(default_factory=Activity)
-    """What the streaming explorer is doing (mode async, ``launch: thread``)."""
+    """What the streaming explorer is doing (mode async)."""
+    claims: TaskClaims | None = None
+    """An explorer process's tasks, pulled from the shared buffer's task ledger instead of drawn from
+    :attr:`scheduler` (:mod:`trine.explorer.claims`); None in one process."""
+    _settled: list[tuple[int, int]] = field(default_factory=list, repr=False)
     _started: dict[int, Task] = field(default_factory=dict, repr=False)
 
     @property
@@ -185,23 +190,35 @@ class ExplorerSide:
     def draw(self, n: int) -> list[Task]:
         """Up to ``n`` tasks from the scheduler, recorded as started: a checkpoint saves them as
         ``unfinished`` until :meth:`release`. [] when the tasks ran out."""
+        if self.claims is not None:
+            self.claims.renew()
+            return self.claims.claim(n)
         with self.gate:  # a checkpoint sees the cursor and the open tasks together
             tasks = self.scheduler.next_batch(n)
             self._started.update((id(t), t) for t in tasks)
         return tasks
 
-    def release(self, tasks: list[Task]) -> None:
-        """Forget ``tasks`` as started (their batch is being put; call under :attr:`gate`)."""
-        for task in tasks:
+    def release(self, done: list[tuple[Task, Any, Any]]) -> None:
+        """Forget the tasks of ``done`` (finished ``(task, outcome, stats)``, their batch is being put) as
+        started; claimed ones tag their rows with their place in the stream (``info["task_seq"]``) and
+        are put with their claims (call under :attr:`gate`)."""
+        for task, (experiences, _, _), _ in done:
             self._started.pop(id(task), None)
+            if self.claims is not None and (seq := self.claims.seq(task)) is not None:
+                for e in experiences:
+                    e.info["task_seq"] = seq
+        if self.claims is not None:
+            self._settled += self.claims.finish([task for task, _, _ in done])
 
     def _put(self, experiences: list[Experience], report: dict[str, float]) -> None:
         """One explored batch into the buffer (the report first: a trainer that sees the batch finds it)."""
         self.reports.append(report)
         if self.producer is None:
             self.buffer.put(experiences)
-        else:  # a buffer shared by processes (SQLBuffer) records whose batch it is
-            self.buffer.put(experiences, producer=self.producer, producer_batch=self.batches)  # type: ignore[call-arg]
+        else:  # a buffer shared by processes (SQLBuffer) records whose batch it is, and the tasks it ends
+            claims, self._settled = self._settled, []
+            put = self.buffer.put
+            put(experiences, producer=self.producer, producer_batch=self.batches, claims=claims)  # type: ignore[call-arg]
         self.batches += 1
 
     def report_all(self) -> dict[str, float]:

@@ -89,6 +89,8 @@ async def _stream(
     activity = side.activity
     activity.state = EXPLORING
     while not stop.is_set():
+        if side.claims is not None:  # an explorer process keeps its claims while it runs them
+            side.claims.renew()
         deferred += flight.defer_late()
         version = side.newest_version()
         if produce.partial_rollout and version != side.engine.policy_version:
@@ -209,7 +211,7 @@ def _put_batch(
     side: ExplorerSide, batch: list[tuple[Any, int]], seconds: float, paced: float, deferred: int
 ) -> None:
     """Finished tasks ``(outcome, version)`` as the side's next batch, through its produce pipeline."""
-    side.release([task for (task, _, _), _ in batch])
+    side.release([done for done, _ in batch])
     index = side.batches
     versions = [v for _, v in batch]
     experiences, metrics = side.explorer.assemble([d for d, _ in batch], index, versions, seconds)

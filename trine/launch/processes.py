@@ -6,10 +6,11 @@ the weights the trainer publishes into ``<run_dir>/weights`` (``sync.method: pub
   trainer_steps`): publishes its weights at start and every ``sync_interval`` steps, checkpoints as
   usual. One per run directory (``trainer.lock``). Killed and restarted, it resumes at its checkpoint and
   gives back what it took from the buffer since (``rewind="reads"``): nothing is lost or trained twice.
-- **explorer** (:func:`explore`): explores its share of the tasks (explorer ``i`` of ``n`` takes every
-  n-th batch, :mod:`trine.tasks.partition`) with the newest published weights, paced by
-  ``buffer.max_staleness``; each batch is put once under its name (``explorer-i``), so a restarted
-  explorer continues after the last batch it put. It writes ``explorers/<i>/status.json`` and
+- **explorer** (:func:`explore`): streams tasks it pulls from the buffer's task ledger
+  (:mod:`trine.explorer.claims`: a fast explorer takes more, a dead one's claims expire and go to the
+  others, a restarted one reopens what it never put) with the newest published weights, paced by
+  ``buffer.max_staleness`` (counting every explorer's tasks in flight); each batch is put once under its
+  name (``explorer-i``) with the claims it finishes, in one transaction. It writes ``explorers/<i>/status.json`` and
   ``explorers/<i>/metrics.jsonl`` and stops when the trainer's run ends or its tasks run out.
 - **launcher** (:func:`launch`): ``trine run`` with ``launch: processes`` starts both and waits, telling
   each how many they are (:data:`trine.threads.SHARE_ENV`: ``num_threads: auto`` shares the free cores).
@@ -248,27 +249,36 @@ def _watch(run_dir: Path, since: float, stop: threading.Event, sync: Any, traine
 
 
 def _explore_loop(cfg: RunConfig, side: Any, monitor: Any, heartbeat: Any, stop: threading.Event) -> str:
-    """Explore whole batches until ``stop`` or the tasks run out, each once the pacing rule admits it."""
+    """Stream tasks pulled from the shared ledger (:mod:`trine.explorer.claims`) until ``stop`` or the tasks
+    run out, each started once the pacing rule admits it: the rows waiting in the buffer and the tasks
+    every explorer has in flight count."""
     from trine.explorer.pacing import Pacing, rows_queued
+    from trine.explorer.streaming import stream
+    from trine.modes.asynchronous import produce_strategies
 
-    pacing = Pacing(cfg.buffer.max_staleness, cfg.trainer_batch_rows, cfg.tasks.train.repeat)
-    queued = partial(rows_queued, side.buffer)
+    repeat = cfg.tasks.train.repeat
+    pacing = Pacing(cfg.buffer.max_staleness, cfg.trainer_batch_rows, repeat)
+    claims = side.claims
+    queued = lambda: rows_queued(side.buffer) + claims.others_in_flight() * repeat  # noqa: E731
     trainer_at = lambda: (side.sync.latest() or 0) + cfg.sync.sync_interval  # noqa: E731 - at most this far
-    while not stop.is_set():
-        tick = time.perf_counter()
-        version, waited = pacing.wait(side.newest_version, trainer_at, queued, stop)
-        if stop.is_set():
-            break
-        if not side.produce(version, stop=stop, extra={"explorer/paced_seconds": waited}):
-            return "the trainer's run ended" if stop.is_set() else "its tasks ran out"
-        report = {**side.report(), "explorer/version": float(version)}
+    tick = [time.perf_counter()]
+
+    def put() -> None:
+        report = {**side.report(), "explorer/version": float(side.engine.policy_version)}
         monitor.log(report, side.batches)
         print(
-            batch_line(side.producer or "explorer", side.batches, report, time.perf_counter() - tick),
+            batch_line(side.producer or "explorer", side.batches, report, time.perf_counter() - tick[0]),
             flush=True,
         )
         heartbeat.beat(side.batches)
-    return "the trainer's run ended"
+        tick[0] = time.perf_counter()
+
+    claims.reopen()  # what an earlier incarnation of this explorer claimed and never put
+    try:
+        why = stream(side, pacing, trainer_at, queued, stop, produce_strategies(cfg), on_put=put)
+    finally:
+        claims.reopen()  # the others take this explorer's unfinished tasks at once
+    return "the trainer's run ended" if stop.is_set() or why == "stopped" else why
 
 
 def batch_line(name: str, batch: int, metrics: dict[str, float], seconds: float) -> str:

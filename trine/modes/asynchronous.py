@@ -48,7 +48,9 @@ def steps(stage: Stage) -> Iterator[dict[str, float]]:
     def explore() -> None:
         try:
             trainer_at = lambda: trainer.version + trainer.stepping  # noqa: E731 - the trainer's view
-            why = stream(explorer, pacing, trainer_at, partial(rows_queued, buffer), stop, _produce(cfg))
+            why = stream(
+                explorer, pacing, trainer_at, partial(rows_queued, buffer), stop, produce_strategies(cfg)
+            )
             explorer.activity.state = f"ended: {why}"
         except BaseException as err:  # surfaced in the trainer's thread
             explorer.activity.state = f"ended: failed ({type(err).__name__}: {err})"
@@ -97,7 +99,7 @@ def _waiting(stage: Stage, seconds: float) -> str:
     )
 
 
-def _produce(cfg: RunConfig) -> Produce:
+def produce_strategies(cfg: RunConfig) -> Produce:
     """The stream's produce strategies from the ``explorer`` section."""
     e = cfg.explorer
     return Produce(oversample=e.oversample, tail_seconds=e.tail_seconds, partial_rollout=e.partial_rollout)

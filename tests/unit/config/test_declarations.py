@@ -95,6 +95,7 @@ def test_every_rule_is_read_from_the_section():
         reuse_decay=0.5,
         cooldown=2,
         max_staleness=4,
+        stale_retries=5,
         pending_timeout=9.0,
         pending_action="default",
         default_reward=-1.0,

@@ -1,6 +1,6 @@
 """What a ``trine train`` / ``trine explore`` process refuses before it touches the run: a config that is
 not one async stage, a buffer other processes cannot open, settings that differ from the run's, a second
-trainer; and how explorer processes split the tasks."""
+trainer."""
 
 from __future__ import annotations
 
@@ -12,9 +12,6 @@ from tests.helpers import write_arithmetic_config
 from trine.cli import app
 from trine.config import load_config
 from trine.launch.processes import check_shared_config, trainer_lock
-from trine.tasks import TaskScheduler
-from trine.tasks.partition import PartitionedScheduler
-from trine.types import Task
 
 runner = CliRunner()
 
@@ -63,24 +60,6 @@ def test_a_second_trainer_is_refused(tmp_path, tiny_model_dir):
     with trainer_lock(tmp_path / "procs"):
         result = runner.invoke(app, ["train", str(config)])
     assert result.exit_code == 2 and "another trainer" in _said(result) and "is locked" in _said(result)
-
-
-def test_explorers_split_the_task_stream_without_overlap_or_loss():
-    tasks = [Task(task_id=str(i), question=f"{i}?", answer=str(i)) for i in range(23)]
-
-    def batches(index: int, count: int, skip: int = 0) -> list[list[str]]:
-        s = PartitionedScheduler(TaskScheduler(tasks, seed=3, epochs=1), index, count)
-        s.skip(skip, 4)
-        out = []
-        while chunk := s.next_batch(4):
-            out.append([t.task_id for t in chunk])
-        return out
-
-    alone = batches(0, 1)
-    split = [batches(i, 3) for i in range(3)]
-    assert sorted(t for part in split for b in part for t in b) == sorted(t for b in alone for t in b)
-    assert split[1] == alone[1::3] and split[2] == alone[2::3]  # every n-th batch of the shared order
-    assert batches(1, 3, skip=1) == split[1][1:]  # a restart continues after the batches it put
 
 
 def test_an_explorer_process_prints_a_line_per_batch():
