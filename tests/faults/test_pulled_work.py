@@ -117,3 +117,67 @@ def test_pulled_work_scales_with_explorers_and_a_slow_one_costs_nothing(tmp_path
     assert rate["two"] >= 1.6 * rate["one"], rate
     assert slow[1]["explorer-0"] >= 2 * slow[1]["explorer-1"], slow  # the fast one did most of the work
     assert rate["slow"] >= 0.95 * rate["one"], rate
+
+
+def test_a_killed_explorers_claims_expire_and_the_other_takes_them(tmp_path, tiny_model_dir):
+    """Explorer 0 is killed with SIGKILL (not restarted) while it holds claims: after its lease (3 s) they
+    expire, explorer 1 claims them again, and the run finishes with every task done once."""
+    import signal
+    import time
+
+    plugin = tmp_path / "latency_env.py"
+    plugin.write_text(PLUGIN)
+    overrides = {
+        "mode": "async",
+        "launch": "processes",
+        "tasks": {
+            "batch_size": 4,
+            "total_steps": 12,
+            "train": {"repeat": 2, "workflow": "latency_env", "workflow_args": {"latency": LATENCY}},
+        },
+        "trainer": {"batch_size": 8},
+        "buffer": {"storage": "sql"},
+        "explorer": {"instances": 2, "lease_seconds": 3},
+        "sync": {"wait_timeout": 120},
+    }
+    config = write_arithmetic_config(tmp_path, tiny_model_dir, "lease", overrides)
+    base = [sys.executable, "-m", "trine.cli"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    common = ["--plugin", str(plugin), "--explorers", "2"]
+    trainer = subprocess.Popen([*base, "train", str(config), "--plugin", str(plugin)], cwd=ROOT, env=env)
+    doomed = subprocess.Popen(
+        [*base, "explore", str(config), *common, "--explorer-id", "0"], cwd=ROOT, env=env
+    )
+    db_path = tmp_path / "lease" / "buffer.db"
+    deadline = time.monotonic() + 120
+    held: list[int] = []
+    while not held and time.monotonic() < deadline:  # explorer 0 holds claims: kill it there
+        time.sleep(0.05)
+        if db_path.exists():
+            try:
+                db = sqlite3.connect(db_path)
+                held = [s for (s,) in db.execute("SELECT seq FROM experiences_tasks WHERE state = 'claimed'")]
+            except sqlite3.OperationalError:  # the tables are being created
+                pass
+    assert held, "explorer 0 never claimed a task"
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait(timeout=30)
+    survivor = subprocess.Popen(
+        [*base, "explore", str(config), *common, "--explorer-id", "1"], cwd=ROOT, env=env
+    )
+    try:
+        assert trainer.wait(timeout=300) == 0
+        assert survivor.wait(timeout=60) == 0
+    finally:
+        for p in (trainer, survivor):
+            if p.poll() is None:
+                p.kill()
+    db = sqlite3.connect(db_path)
+    rows = {
+        s: (state, owner, claim)
+        for s, state, owner, claim in db.execute("SELECT seq, state, owner, claim FROM experiences_tasks")
+    }
+    assert all(rows[s][1] == "explorer-1" and rows[s][2] >= 2 for s in held if rows[s][0] == "done"), rows
+    assert any(rows[s][0] == "done" for s in held)  # the killed explorer's tasks were done by the other
+    kept = db.execute("SELECT task_seq, COUNT(*) FROM experiences GROUP BY task_seq").fetchall()
+    assert all(n == 2 for _, n in kept), kept  # each task's rows stored once
