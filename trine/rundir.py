@@ -61,7 +61,7 @@ class RunDir:
         stage is done, nothing is loaded or written (check :attr:`done`). ``load_policy(cfg, path=...,
         say=...)`` loads the model and tokenizer (from the checkpoint's directory when resuming), saying so."""
         from trine.monitor import build_monitor
-        from trine.threads import resumed_note, say_now, use_threads
+        from trine.threads import about, resumed_note, say_now, use_threads
         from trine.trainer.checkpoint import list_checkpoints, load_states
 
         first = stages[0]
@@ -87,7 +87,7 @@ class RunDir:
         (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         rewind_records(path, state)
         interval = beat_interval(first.sync.wait_timeout)  # explorer processes watch it (launch/liveness)
-        rd.heartbeat = Heartbeat(path, step, interval=interval, about={"threads": rd.threads})
+        rd.heartbeat = Heartbeat(path, step, interval=interval, about=about(rd.threads))
         try:
             say(f"run {first.name}: {_plan(stages)} in {path}")
             rd.model, rd.tokenizer = load_policy(first, path=str(checkpoint) if checkpoint else None, say=say)

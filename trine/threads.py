@@ -9,6 +9,14 @@ nearest whole thread and at least 1. Too many threads on busy cores is the expen
 An explicit ``num_threads: N`` is used as given; when the load says the cores are oversubscribed (auto
 would choose fewer) a warning names the count to set instead.
 
+**Roles get their own cores.** ``trine run`` with ``launch: processes`` gives the trainer and the explorers
+cores of their own (:func:`role_cores`: the trainer the first half, the explorers the rest, shared among
+them) through :data:`CORES_ENV`; each process pins itself to its role's cores
+(``os.sched_setaffinity``) and takes its threads from them, so a busy explorer never takes a core from the
+trainer's step and adding an explorer only divides the explorers' cores (on 2 cores: the trainer on core
+0 with 1 thread, every explorer on core 1 with 1 thread). ``trine status`` shows each process's threads
+and cores.
+
 Every process that runs torch calls :func:`use_threads` once at its start (``trine run``/``train`` in
 :meth:`trine.rundir.RunDir.open`, ``trine explore``, ``trine serve``; ``trine bench`` and ``trine check``
 through :func:`threads_for`); a launcher that starts several of them on one machine tells each how many
@@ -29,6 +37,11 @@ SHARE_ENV = "TRINE_LOCAL_PROCESSES"
 (trainer ranks and explorers) share this machine, whose free cores ``num_threads: auto`` divides among
 them. Set by ``trine run`` with ``launch: processes`` (the trainer and ``explorer.instances`` explorers)
 and by the Ray driver (the run's actors on the same node). Unset: torchrun's ``LOCAL_WORLD_SIZE``, else 1."""
+
+CORES_ENV = "TRINE_CORES"
+"""Environment variable a launcher sets in each process it starts: the CPU ids of its role (``0``, ``1-3``,
+``0,2``), to which :func:`use_threads` pins the process before it counts the free cores. Set by ``trine
+run`` with ``launch: processes`` (:func:`role_cores`); unset: the process may use any core it has."""
 
 Setting = int | Literal["auto"]
 """A ``num_threads`` value."""
@@ -58,6 +71,69 @@ def machine() -> tuple[int, float]:
     except (AttributeError, OSError):  # Windows; a system without /proc/loadavg
         load = 0.0
     return cores, load
+
+
+def parse_cores(text: str) -> list[int]:
+    """CPU ids from ``0``, ``1-3`` or ``0,2-3`` (the :data:`CORES_ENV` format)."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            out += range(int(first), int(last or first) + 1)
+    except ValueError:
+        out = []
+    if not out or min(out) < 0:
+        raise ValueError(
+            f"environment variable {CORES_ENV}={text!r}: expected CPU ids such as 0, 1-3 or 0,2-3; unset it to "
+            "let the process use any core"
+        )
+    return sorted(set(out))
+
+
+def cores_text(cores: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2,5`` (the :data:`CORES_ENV` format)."""
+    runs: list[list[int]] = []
+    for c in sorted(cores):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def role_cores(cores: list[int], explorers: int) -> dict[str, list[int]]:
+    """The cores of the trainer and of the ``explorers`` explorer processes of one machine: the trainer
+    the first half (at least one), the explorers the rest, all of them on the same ones (one core: everyone
+    shares it). ``{"trainer": [...], "explorer": [...]}``."""
+    if len(cores) < 2:
+        return {"trainer": list(cores), "explorer": list(cores)}
+    half = len(cores) // 2
+    return {"trainer": list(cores[:half]), "explorer": list(cores[half:])}
+
+
+def pin(environ: Mapping[str, str] = os.environ) -> list[int] | None:
+    """Pin this process to the cores :data:`CORES_ENV` names (where the platform can); returns them, or
+    None when it is unset."""
+    text = environ.get(CORES_ENV)
+    if not text:
+        return None
+    cores = parse_cores(text)
+    if hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, cores)
+        except OSError as err:
+            raise ValueError(
+                f"environment variable {CORES_ENV}={text!r}: this process cannot run on those CPUs ({err}); "
+                "unset it, or name CPUs this machine has"
+            ) from err
+    return cores
+
+
+def about(count: int, environ: Mapping[str, str] = os.environ) -> dict[str, int | str]:
+    """What a process's ``status.json`` records about its threads: ``{"threads": count}``, and ``"cores"``
+    (``1-3``) when it was pinned to its role's cores (``trine status`` shows both)."""
+    cores = environ.get(CORES_ENV)
+    return {"threads": count, **({"cores": cores} if cores else {})}
 
 
 def local_processes(environ: Mapping[str, str] = os.environ) -> int:
@@ -131,7 +207,16 @@ def use_threads(
     line and any warning; returns the count."""
     import torch
 
-    chosen = choose(setting, local_processes() if processes is None else processes)
+    total, machine_load = machine()  # before pinning: all the cores this process was given
+    pinned = pin()
+    cores = load = None
+    if pinned is not None:  # this role's cores, and their share of the load of other work
+        cores, load = len(pinned), machine_load * len(pinned) / max(total, 1)
+    chosen = choose(setting, local_processes() if processes is None else processes, cores, load)
+    if pinned is not None:
+        chosen = Threads(
+            chosen.count, f"{chosen.line} [pinned to cores {cores_text(pinned)}]", chosen.warning
+        )
     torch.set_num_threads(chosen.count)
     say = say or say_now
     say(chosen.line)

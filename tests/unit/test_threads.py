@@ -149,3 +149,43 @@ def test_num_threads_is_auto_by_default_a_count_when_given_and_nothing_else():
             f"num_threads: {bad!r} is not a thread count; expected an integer >= 1 or auto (the free cores, "
             "the default): write e.g. num_threads: 1, or remove the key"
         ], bad
+
+
+def test_roles_get_their_own_cores_and_explorers_share_theirs():
+    from trine.threads import cores_text, parse_cores, role_cores
+
+    assert role_cores([0, 1], 2) == {"trainer": [0], "explorer": [1]}  # 2 cores: one each, explorers share
+    assert role_cores(list(range(8)), 3) == {"trainer": [0, 1, 2, 3], "explorer": [4, 5, 6, 7]}
+    assert role_cores([5], 2) == {"trainer": [5], "explorer": [5]}  # one core: everyone shares it
+    assert parse_cores("0,2-4") == [0, 2, 3, 4] and cores_text([0, 2, 3, 4]) == "0,2-4"
+    with pytest.raises(ValueError, match=r"TRINE_CORES='x': expected CPU ids such as 0, 1-3"):
+        parse_cores("x")
+
+
+def test_a_launcher_gives_each_role_its_cores_and_the_process_pins_itself_to_them(tmp_path):
+    """``trine run`` with ``launch: processes`` (:func:`role_environments`) on this machine's cores, and a
+    child process started with the explorers' environment: pinned to their cores, with its threads from
+    them, and saying so."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from trine.launch.processes import role_environments
+    from trine.threads import CORES_ENV, parse_cores, role_cores
+
+    mine = sorted(os.sched_getaffinity(0))
+    env = role_environments(2)
+    roles = role_cores(mine, 2)
+    assert parse_cores(env["explorer"][CORES_ENV]) == roles["explorer"]
+    assert env["explorer"][SHARE_ENV] == ("2" if len(mine) > 1 else "3")
+    child = (
+        "import json, os; from trine.threads import use_threads, about; n = use_threads('auto', say=lambda s: None);"
+        "print(json.dumps({'n': n, 'affinity': sorted(os.sched_getaffinity(0)), 'about': about(n)}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child], env=env["explorer"], capture_output=True, text=True, check=True
+    )
+    said = json.loads(out.stdout)
+    assert said["affinity"] == roles["explorer"] and said["n"] >= 1
+    assert said["about"] == {"threads": said["n"], "cores": env["explorer"][CORES_ENV]}

@@ -51,6 +51,10 @@ class ProcessStatus:
     heartbeat: str | None = None
     alarms: list[dict[str, Any]] = field(default_factory=list)
     """Alarms the process raised (``status.json``'s ``alarms``: :mod:`trine.monitor.alarms`)."""
+    threads: int | None = None
+    """Its torch threads (:mod:`trine.threads`)."""
+    cores: str | None = None
+    """The cores its role was pinned to (``1-3``; None: any)."""
 
 
 @dataclass
@@ -164,13 +168,25 @@ def _process_line(p: ProcessStatus) -> str:
         return "trainer: not started (no status.json yet; explorers wait for its first weights)"
     if p.name == "trainer":
         version = "" if p.version is None else f", version {p.version}"
-        return f"trainer: {p.state} at step {'?' if p.step is None else p.step}{version}{why}"
+        return f"trainer: {p.state} at step {'?' if p.step is None else p.step}{version}{_threads(p)}{why}"
     parts = [p.state]
     if p.step is not None:
         parts.append(f"{p.step} batch{'es' if p.step != 1 else ''}")
     if p.version is not None:
         parts.append(f"weights version {p.version}" + ("" if p.lag is None else f" (lag {p.lag})"))
-    return f"{p.name}: {', '.join(parts)}{why}"
+    return f"{p.name}: {', '.join(parts)}{_threads(p)}{why}"
+
+
+def _threads(p: ProcessStatus) -> str:
+    """``, 1 thread on cores 1`` (a process pinned to its role's cores), ``, 2 threads`` or ''."""
+    if p.threads is None or p.state not in ("running", "finished", "stopped"):
+        return ""
+    where = (
+        f" on core{'s' if p.cores and ('-' in p.cores or ',' in p.cores) else ''} {p.cores}"
+        if p.cores
+        else ""
+    )
+    return f", {p.threads} thread{'s' if p.threads != 1 else ''}{where}"
 
 
 def run_status(run_dir: str | Path, details: bool = False) -> RunStatus:
@@ -223,6 +239,8 @@ def process_status(name: str, directory: Path, version_key: str) -> ProcessStatu
         host=record.get("host"),
         heartbeat=record.get("heartbeat"),
         alarms=[a for a in record.get("alarms") or [] if isinstance(a, dict)],
+        threads=record.get("threads") if isinstance(record.get("threads"), int) else None,
+        cores=str(record["cores"]) if record.get("cores") else None,
     )
 
 

@@ -13,7 +13,7 @@ the weights the trainer publishes into ``<run_dir>/weights`` (``sync.method: pub
   name (``explorer-i``) with the claims it finishes, in one transaction. It writes ``explorers/<i>/status.json`` and
   ``explorers/<i>/metrics.jsonl`` and stops when the trainer's run ends or its tasks run out.
 - **launcher** (:func:`launch`): ``trine run`` with ``launch: processes`` starts both and waits, telling
-  each how many they are (:data:`trine.threads.SHARE_ENV`: ``num_threads: auto`` shares the free cores).
+  each its role's cores (:func:`role_environments`: the trainer half of them, the explorers the rest).
   Ctrl-C / SIGTERM is forwarded to them: the trainer finishes its step, checkpoints it and exits 130 /
   143 (as ``trine run`` does in one process), the explorers stop; the same command resumes.
 
@@ -194,7 +194,7 @@ def explore(
     from trine import build
     from trine.monitor import build_monitor
     from trine.status import Heartbeat, beat_interval
-    from trine.threads import use_threads
+    from trine.threads import about, use_threads
 
     cfg = as_process(stages, "explore")
     run_dir = cfg.run_path
@@ -208,7 +208,7 @@ def explore(
     model, tokenizer = build.load_policy(cfg, weights=build.engine_weights(cfg) != "copy", say=say)
     side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count, buffer)
     interval = beat_interval(cfg.sync.wait_timeout)  # the trainer watches it (launch/liveness)
-    heartbeat = Heartbeat(out, side.batches, interval=interval, about={"threads": threads})
+    heartbeat = Heartbeat(out, side.batches, interval=interval, about=about(threads))
     monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=side.batches)
     stop = stop or threading.Event()
     trainer = TrainerWatch(run_dir, cfg.sync.wait_timeout, index, count)
@@ -307,16 +307,15 @@ def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConf
             "with `trine explore CONFIG --explorer-id I --explorers N` instead"
         )
     as_process([cfg], "run")  # refuses what `trine train` + `trine explore` cannot run (tasks.source: serve)
-    from trine.threads import SHARE_ENV
-
     base = [sys.executable, "-m", "trine.cli"]
     extra = [*overrides, *(a for p in plugins for a in ("--plugin", str(p)))]
     n = cfg.explorer.instances
-    env = {**os.environ, SHARE_ENV: str(n + 1)}  # num_threads: auto shares the free cores among all of them
-    trainer = subprocess.Popen([*base, "train", str(config), *extra], env=env)
+    env = role_environments(n)
+    trainer = subprocess.Popen([*base, "train", str(config), *extra], env=env["trainer"])
     explorers = [
         subprocess.Popen(
-            [*base, "explore", str(config), *extra, "--explorer-id", str(i), "--explorers", str(n)], env=env
+            [*base, "explore", str(config), *extra, "--explorer-id", str(i), "--explorers", str(n)],
+            env=env["explorer"],
         )
         for i in range(n)
     ]
@@ -339,6 +338,27 @@ def launch(config: Path, overrides: list[str], plugins: list[Path], cfg: RunConf
         for p in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=30)
+
+
+def role_environments(explorers: int) -> dict[str, dict[str, str]]:
+    """The environment of the trainer and of each of ``explorers`` explorer processes on this machine: each
+    role's own cores (:func:`trine.threads.role_cores`, :data:`~trine.threads.CORES_ENV`) and how many
+    processes share them (:data:`~trine.threads.SHARE_ENV`: 1 trainer, ``explorers`` explorers), so that
+    ``num_threads: auto`` gives each its share of its role's cores. Where the platform cannot pin (no
+    ``sched_getaffinity``), all of them share all the cores."""
+    from trine.threads import CORES_ENV, SHARE_ENV, cores_text, role_cores
+
+    if not hasattr(os, "sched_getaffinity"):
+        shared = {**os.environ, SHARE_ENV: str(explorers + 1)}
+        return {"trainer": shared, "explorer": shared}
+    roles = role_cores(sorted(os.sched_getaffinity(0)), explorers)
+    if roles["trainer"] == roles["explorer"]:  # one core: everyone shares it
+        shared = {**os.environ, SHARE_ENV: str(explorers + 1), CORES_ENV: cores_text(roles["trainer"])}
+        return {"trainer": shared, "explorer": shared}
+    return {
+        "trainer": {**os.environ, SHARE_ENV: "1", CORES_ENV: cores_text(roles["trainer"])},
+        "explorer": {**os.environ, SHARE_ENV: str(explorers), CORES_ENV: cores_text(roles["explorer"])},
+    }
 
 
 def _stop_children(children: list[subprocess.Popen], sig: int) -> None:

@@ -52,13 +52,13 @@ def run_dir(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     write_config(run / "config.yaml", mode="async", buffer={"storage": "sql"})
-    write_status(run, "running", step=12, pid=os.getpid(), host=HOST, heartbeat=now())
+    write_status(run, "running", step=12, pid=os.getpid(), host=HOST, heartbeat=now(), threads=1, cores="0")
     start = time.time() - 100
     log_lines(run, [{"trainer/loss": 1.0 / s, "trainer/version": float(s)} for s in range(1, 13)], start)
     for index, (batches, pid, version) in enumerate([(7, os.getpid(), 11), (3, dead_pid(), 5)]):
         out = run / "explorers" / str(index)
         out.mkdir(parents=True)
-        write_status(out, "running", step=batches, pid=pid, host=HOST, heartbeat=now())
+        write_status(out, "running", step=batches, pid=pid, host=HOST, heartbeat=now(), threads=1, cores="1")
         rows = [
             {"explorer/reward_mean": 0.1 * b, "explorer/version": float(version - batches + b)}
             for b in range(1, batches + 1)
@@ -91,8 +91,10 @@ def test_status_lists_each_process_the_buffer_and_the_published_weights(run_dir)
     dead = [line for line in out.splitlines() if line.startswith("  explorer 1:")][0]
     assert out.splitlines() == [
         f"{run_dir}: trainer and 2 explorers",
-        f"  trainer: running at step 12, version 12 (pid {os.getpid()} on {HOST}, heartbeat Ns ago)",
-        f"  explorer 0: running, 7 batches, weights version 11 (lag 1) (pid {os.getpid()} on {HOST}, "
+        f"  trainer: running at step 12, version 12, 1 thread on core 0 (pid {os.getpid()} on {HOST}, "
+        "heartbeat Ns ago)",
+        f"  explorer 0: running, 7 batches, weights version 11 (lag 1), 1 thread on core 1 (pid {os.getpid()} "
+        f"on {HOST}, "
         "heartbeat Ns ago)",
         dead,
         "  buffer: 1 pending, 1 ready, 3 trained, 2 stale; 2 explored batches waiting",
