@@ -17,8 +17,10 @@ from trine.threads import SHARE_ENV
 
 pytestmark = pytest.mark.slow
 
-AUTO = re.compile(r"threads: (\d+) \(\d+ cores?, load \d+\.\d(, shared by (\d+) processes of this run)?; "
-                  r"set num_threads=N to override\)")  # fmt: skip  (no $: processes print into one pipe)
+AUTO = re.compile(
+    r"threads: (\d+) \(\d+ cores?, load \d+\.\d(, shared by (\d+) processes of this run)?; "
+    r"set num_threads=N to override\)"
+)  # fmt: skip  (no $: processes print into one pipe)
 
 
 def _trine(*args: str) -> subprocess.CompletedProcess:
@@ -53,7 +55,13 @@ def test_auto_says_its_choice_records_it_and_a_resume_with_another_count_says_so
     assert json.loads((run_dir / "status.json").read_text())["threads"] == other
 
 
-def test_launch_processes_shares_the_free_cores_among_the_trainer_and_the_explorers(arithmetic_config):
+def test_launch_processes_gives_the_trainer_and_the_explorers_cores_of_their_own(arithmetic_config):
+    """Each role is pinned to its own cores (:func:`trine.threads.role_cores`: on 2 cores the trainer on
+    core 0, the explorers on core 1) and takes its threads from them; each process records them."""
+    import os
+
+    from trine.threads import cores_text, role_cores
+
     config = arithmetic_config(
         {
             "num_threads": "auto",
@@ -65,11 +73,15 @@ def test_launch_processes_shares_the_free_cores_among_the_trainer_and_the_explor
             "sync": {"wait_timeout": 120},
         }
     )
+    roles = {k: cores_text(v) for k, v in role_cores(sorted(os.sched_getaffinity(0)), 1).items()}
     proc = _trine("run", str(config))
-    found = AUTO.findall(proc.stdout)
-    assert [shared for _, _, shared in found] == ["2", "2"], proc.stdout  # the trainer and one explorer
-    explorer = json.loads((config.with_suffix("") / "explorers" / "0" / "status.json").read_text())
-    assert explorer["threads"] in {int(n) for n, _, _ in found}
+    pinned = re.findall(r"threads: (\d+) \([^)]*\) \[pinned to cores ([\d,-]+)\]", proc.stdout)
+    assert sorted(c for _, c in pinned) == sorted([roles["trainer"], roles["explorer"]]), proc.stdout
+    run_dir = config.with_suffix("")
+    explorer = json.loads((run_dir / "explorers" / "0" / "status.json").read_text())
+    trainer = json.loads((run_dir / "status.json").read_text())
+    assert explorer["cores"] == roles["explorer"] and trainer["cores"] == roles["trainer"]
+    assert {explorer["threads"], trainer["threads"]} <= {int(n) for n, _ in pinned}
 
 
 def test_ray_actors_on_one_node_share_its_free_cores(arithmetic_config):
