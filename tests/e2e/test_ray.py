@@ -1,7 +1,9 @@
-"""The same config on Ray (``cluster.backend: ray``): a local cluster, a trainer actor and two explorer
-actors, weights by gloo broadcast. The run learns; an explorer actor killed with SIGKILL mid-run is
-started again and the run finishes with no batch lost or put twice; a resource request no node can
-grant is refused before anything starts."""
+"""The same config on Ray (``cluster.backend: ray``): a two-node cluster on this machine (a head with the
+trainer and the buffer writer, a second node whose custom resource ``explorer_node`` draws both explorer
+actors), weights by gloo broadcast, and no run directory for the explorers (``cluster.explorer_dir``). The
+run learns; the second node's explorer killed with SIGKILL mid-run is started again and the run finishes
+with no task lost or explored twice; a resource request no node can grant is refused before anything
+starts."""
 
 from __future__ import annotations
 
@@ -30,13 +32,14 @@ LIFT = 0.08
 layouts lift 0.19-0.25 in 50 steps (test_delayed_rewards.py); measured here: see the test's message."""
 
 
-def _kill_explorer_mid_run(run_dir: Path, proc: subprocess.Popen, limit: float = 240) -> int:
-    """SIGKILL explorer 0's actor process once the trainer is past step 10; returns the trainer's step."""
+def _kill_explorer_mid_run(run_dir: Path, homes: Path, proc: subprocess.Popen, limit: float = 240) -> int:
+    """SIGKILL explorer 0's actor process (its status file is in ``homes``, on its node) once the trainer is
+    past step 10; returns the trainer's step."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()
         steps = [r["step"] for r in _rows(run_dir / "metrics.jsonl") if "trainer/loss" in r]
-        status = run_dir / "explorers" / "0" / "status.json"
+        status = homes / "0" / "status.json"
         if steps and steps[-1] >= 10 and status.is_file():
             os.kill(json.loads(status.read_text())["pid"], signal.SIGKILL)
             return steps[-1]
@@ -50,17 +53,41 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_ray_run_learns_and_survives_a_killed_explorer(sft_start, arithmetic_config, tmp_path):
+@pytest.fixture
+def two_nodes(monkeypatch):
+    """A Ray cluster of two nodes on this machine: the head (1 CPU) and a node with 1 CPU and the custom
+    resource ``explorer_node``; yields (address, head node id, second node id)."""
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    second = cluster.add_node(num_cpus=1, resources={"explorer_node": 2})
+    try:
+        yield cluster.address, cluster.head_node.node_id, second.node_id
+    finally:
+        cluster.shutdown()
+
+
+def test_ray_on_two_nodes_learns_without_the_run_dir_and_survives_a_killed_explorer(
+    sft_start, arithmetic_config, tmp_path, two_nodes
+):
+    address, head, second = two_nodes
     eval_set = {
         "name": "addition",
         "path": str(EXAMPLE / "data" / "eval.jsonl"),
         "sampling": {"temperature": 1.0, "max_tokens": 6},
     }
+    homes = tmp_path / "node2"
     cfg = arithmetic_config(
         {
             "mode": "async",
             "num_threads": 1,
-            "cluster": {"backend": "ray", "num_cpus": 2},
+            "cluster": {
+                "backend": "ray",
+                "address": address,
+                "explorer_resources": {"explorer_node": 1},
+                "explorer_dir": str(homes),
+            },
             "explorer": {"instances": 2},
             "buffer": {"storage": "sql", "max_staleness": 1},
             "sync": {"wait_timeout": 180},
@@ -78,11 +105,16 @@ def test_ray_run_learns_and_survives_a_killed_explorer(sft_start, arithmetic_con
     )
     run_dir = tmp_path / "ray"
     proc = trine_process("run", str(cfg))
-    killed_at = _kill_explorer_mid_run(run_dir, proc)
+    killed_at = _kill_explorer_mid_run(run_dir, homes / "ray" / "explorers", proc)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert "resource plan (Ray):" in out and "explorer 0 died" in out, out
     assert killed_at < STEPS
+    plan = out[out.index("resource plan (Ray):") :]
+    assert re.search(rf"\n\s+trainer\s.*\({head[:8]}\)", plan), out  # on the head
+    assert re.search(rf"\n\s+explorer\s.*\({second[:8]}\)", plan), out  # both on the second node
+    assert not (run_dir / "explorers").exists()  # the explorers kept their files on their node
+    assert all((homes / "ray" / "explorers" / str(i) / "metrics.jsonl").is_file() for i in (0, 1))
 
     rows = read_metrics(run_dir)
     steps = [r["step"] for r in rows if "trainer/loss" in r]
@@ -98,6 +130,10 @@ def test_ray_run_learns_and_survives_a_killed_explorer(sft_start, arithmetic_con
         assert mine and mine == list(range(len(mine))), producer  # none lost, none put twice
     samples = Counter(db.execute("SELECT task_id, run_id FROM experiences").fetchall())
     assert max(samples.values()) == 1  # no task sample produced twice, by either explorer
+    kept = db.execute(
+        "SELECT task_seq, COUNT(*) FROM experiences WHERE reward_status != 'dropped' GROUP BY task_seq"
+    ).fetchall()
+    assert all(n == 8 for _, n in kept), kept  # each task's rows stored once (repeat 8)
     consumed = db.execute("SELECT COUNT(*) FROM experiences WHERE consumed_at IS NOT NULL").fetchone()[0]
     assert consumed == STEPS * 16 * 8  # every step trained one batch, none twice
 

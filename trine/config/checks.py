@@ -346,6 +346,11 @@ def _process_problems(cfg: RunConfig) -> list[str]:
             f"cluster.trainer_ranks: {cfg.cluster.trainer_ranks} splits every step between trainer actors over "
             "FSDP2 shards; set trainer.fsdp: true (or trainer_ranks: 1)"
         )
+    if cfg.cluster.explorer_dir is not None and method != "broadcast":
+        problems.append(
+            f"cluster.explorer_dir keeps explorer actors off the run directory, but sync.method {method!r} "
+            "reaches them through it; use sync.method: broadcast (the default under Ray)"
+        )
     if cfg.cluster.backend == "ray" and "launch" in cfg.model_fields_set and cfg.launch == "thread":
         problems.append(
             "launch: thread with cluster.backend: ray: Ray runs the trainer and the explorers as separate "

@@ -43,6 +43,17 @@ class ClusterConfig(Section):
     explorer_gpus: NonNeg = 0
     """GPUs each explorer actor reserves (a fraction such as 0.5 shares a GPU with the trainer when the
     placement packs them on one node)."""
+    explorer_resources: dict[str, float] = {}
+    """Custom Ray resources each explorer actor asks for, to place the explorers on the nodes that offer
+    them: e.g. ``{explorer_node: 1}`` with ``ray start --address=... --resources='{"explorer_node": 8}'`` on
+    the explorer machines."""
+    explorer_dir: str | None = None
+    """None: explorer actors keep their status, metrics and rollouts in the run directory
+    (``explorers/<i>``), which every node must then see at the same path (one machine, or a shared file
+    system). A path: each explorer actor keeps them under ``<explorer_dir>/<run name>/explorers/<i>`` on its
+    own node and never touches the run directory: its tasks and puts go through the buffer writer (or
+    PostgreSQL), its weights come by broadcast, and the driver watches it (needs ``sync.method:
+    broadcast``)."""
     buffer_cpus: Positive = 0.1
     """Ray CPUs of the buffer writer actor (on the trainer's node: it writes the run's SQLite file)."""
     placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
@@ -66,8 +77,24 @@ class ClusterConfig(Section):
             )
         return v
 
+    @field_validator("explorer_resources")
+    @classmethod
+    def _custom_resources(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if k in ("CPU", "GPU", "memory") or x <= 0}
+        if bad:
+            raise ValueError(
+                f"cluster.explorer_resources: {bad}: expected custom resource names (not CPU / GPU / memory: "
+                "use explorer_cpus / explorer_gpus) with amounts > 0"
+            )
+        return v
+
     @model_validator(mode="after")
     def _ranks_on_ray(self) -> ClusterConfig:
+        if (self.explorer_resources or self.explorer_dir is not None) and self.backend != "ray":
+            raise ValueError(
+                "cluster.explorer_resources / explorer_dir place explorer actors on Ray nodes (backend: ray); "
+                "remove them, or set cluster.backend: ray"
+            )
         if self.trainer_ranks > 1 and self.backend != "ray":
             raise ValueError(
                 f"cluster.trainer_ranks: {self.trainer_ranks} starts trainer actors on Ray (backend: ray); on this "

@@ -83,14 +83,24 @@ class ExplorerActor:
         return node_info()
 
     def run(self, index: int, count: int, writer: Any = None) -> str:
-        """Explore share ``index`` of ``count`` until the run ends; returns why it stopped."""
+        """Be explorer ``index`` of ``count`` until the run ends; returns why it stopped. With
+        ``cluster.explorer_dir`` its files stay on its node (:func:`explorer_home`)."""
         from trine.launch.processes import explore
 
         buffer = RemoteBuffer(writer) if writer is not None else None
-        return explore(self.stages, index, count, stop=self._stop, buffer=buffer)
+        home = explorer_home(self.stages[0], index)
+        return explore(self.stages, index, count, stop=self._stop, buffer=buffer, home=home)
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def explorer_home(cfg: RunConfig, index: int) -> Path | None:
+    """Where explorer ``index`` keeps its files when they stay on its node: ``<cluster.explorer_dir>/<run
+    name>/explorers/<index>`` (None: in the run directory)."""
+    if cfg.cluster.explorer_dir is None:
+        return None
+    return Path(cfg.cluster.explorer_dir).expanduser() / cfg.name / "explorers" / str(index)
 
 
 class BufferWriter:

@@ -112,11 +112,12 @@ def _reserve(ray: Any, plan: ResourcePlan, timeout: float) -> Any:
 
 
 def _nodes_of(ray: Any, group: Any) -> dict[int, str]:
+    """Each bundle's node: ``<ip> (<first 8 characters of its Ray node id>)`` (nodes may share an ip)."""
     from ray.util.placement_group import placement_group_table
 
     node_ip = {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes()}
     bundles = placement_group_table(group).get("bundles_to_node_id", {})
-    return {int(i): node_ip.get(node, str(node)[:8]) for i, node in bundles.items()}
+    return {int(i): f"{node_ip.get(node, '?')} ({str(node)[:8]})" for i, node in bundles.items()}
 
 
 def _local(node_of_bundle: dict[int, str]) -> dict[int, int]:

@@ -40,6 +40,8 @@ class ResourcePlan:
     writer: bool
     """A buffer writer actor runs beside the trainer (a SQLite buffer; with PostgreSQL every explorer
     writes to the database itself)."""
+    explorer_resources: tuple[tuple[str, float], ...] = ()
+    """Custom Ray resources of each explorer bundle (``cluster.explorer_resources``)."""
 
     @classmethod
     def of(cls, cluster: ClusterConfig, explorers: int, sqlite: bool) -> ResourcePlan:
@@ -48,7 +50,7 @@ class ResourcePlan:
         if sqlite:
             roles.append(Role("buffer writer", 1, c.buffer_cpus, 0))
         roles.append(Role("explorer", explorers, c.explorer_cpus, c.explorer_gpus))
-        return cls(tuple(roles), STRATEGIES[c.placement], sqlite)
+        return cls(tuple(roles), STRATEGIES[c.placement], sqlite, tuple(sorted(c.explorer_resources.items())))
 
     @property
     def trainer_ranks(self) -> int:
@@ -62,7 +64,8 @@ class ResourcePlan:
         explorer = next(r for r in self.roles if r.name == "explorer")
         head = _resources(sum(r.cpus for r in first), sum(r.gpus for r in first))
         ranks = [_resources(trainer.cpus, trainer.gpus) for _ in range(trainer.count - 1)]
-        return [head, *ranks] + [_resources(explorer.cpus, explorer.gpus) for _ in range(explorer.count)]
+        each = {**_resources(explorer.cpus, explorer.gpus), **dict(self.explorer_resources)}
+        return [head, *ranks] + [dict(each) for _ in range(explorer.count)]
 
     def totals(self) -> dict[str, float]:
         return {
@@ -83,9 +86,17 @@ class ResourcePlan:
                     f"cluster.trainer_{field} / explorer_{field} (fractions are allowed) or explorer.instances, "
                     f"or add nodes with {key}s"
                 )
-        biggest = {k: max((float(n.get(k, 0.0)) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
+        keys = {"CPU", "GPU", *(k for k, _ in self.explorer_resources)}
+        biggest = {k: max((float(n.get(k, 0.0)) for n in nodes), default=0.0) for k in keys}
         for i, bundle in enumerate(self.bundles()):
             for key, amount in bundle.items():
+                if key not in ("CPU", "GPU") and amount > biggest[key] + 1e-9:
+                    out.append(
+                        f"an explorer asks for {amount:g} of the custom resource {key!r} "
+                        f"(cluster.explorer_resources), but no node offers {'it' if not biggest[key] else 'as much'}: "
+                        f"start the explorer nodes with `ray start ... --resources='{{\"{key}\": N}}'`, or remove it"
+                    )
+                    break
                 if amount > biggest[key] + 1e-9:
                     who = (
                         "the trainer (with the buffer writer)"

@@ -1,9 +1,9 @@
 """The one pacing rule of mode async: the explorer starts a task only when the trainer will train it
 within ``buffer.max_staleness`` versions of the weights it is sampled with.
 
-Both explorers of mode async ask it: the streaming explorer of ``launch: thread``
-(:func:`trine.explorer.streaming.stream`, before each task it starts) and an explorer process of
-``launch: processes`` (``trine explore``, before each whole batch: :meth:`Pacing.wait`).
+The streaming explorer of mode async asks it before each task it starts
+(:func:`trine.explorer.streaming.stream`), in one process and as an explorer process (``trine explore``),
+where the tasks every other explorer holds count as in flight too.
 
 It counts **rows**, not steps. The trainer takes ``batch_rows`` rows per step, in the order they were
 put; the rows already queued in the buffer (ready or pending a reward) and those of the tasks in flight
@@ -15,17 +15,11 @@ the explorer fills it instead of waiting for a trainer that waits for it.
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trine.buffer import Buffer
-
-POLL_SECONDS = 0.02
-"""How often a held-back explorer asks again."""
 
 
 @dataclass(frozen=True)
@@ -77,23 +71,6 @@ class Pacing:
         if self.max_staleness is None:
             return True
         return trainer_at + self.batches_ahead(rows_queued, tasks_in_flight) - version <= self.max_staleness
-
-    def wait(
-        self,
-        newest: Callable[[], int],
-        trainer_at: Callable[[], int],
-        rows_queued: Callable[[], int],
-        stop: threading.Event,
-    ) -> tuple[int, float]:
-        """For an explorer that explores whole batches (``trine explore``: no task in flight between
-        them): wait until a batch started now with the ``newest()`` weights is admitted, or ``stop`` is
-        set. Returns that version and the seconds waited."""
-        start = time.perf_counter()
-        while True:
-            version = newest()
-            if stop.is_set() or self.admits(version, trainer_at(), rows_queued()):
-                return version, time.perf_counter() - start
-            stop.wait(POLL_SECONDS)
 
 
 def rows_queued(buffer: Buffer) -> int:

@@ -179,6 +179,11 @@ class ExplorerSide:
             experiences = experiences + self.expert.rows(len(experiences), version)
         self._put(experiences, {**metrics, **(extra or {})})
 
+    def others_in_flight(self) -> int:
+        """Tasks other explorer processes hold (claimed, not put): the pacing rule counts them with this
+        explorer's (0 in one process)."""
+        return 0 if self.claims is None else self.claims.others_in_flight()
+
     def take_unfinished(self) -> list[Task]:
         """The tasks a restored checkpoint had drawn but not put (a resumed stream runs them first),
         recorded as started again; :attr:`unfinished` is emptied."""

@@ -97,18 +97,19 @@ async def _stream(
             await _pull(side, version)  # between two tokens
         flush = False
         if not exhausted and flight.holding < target:
-            queued = rows_queued()
-            if pacing.admits(version, trainer_at(), queued, flight.holding):
+            queued, others = rows_queued(), side.others_in_flight()
+            if pacing.admits(version, trainer_at(), queued, flight.holding + others):
                 if version != side.engine.policy_version:  # between generations (HFEngine.call)
                     await _pull(side, version)
                 exhausted = flight.start(
-                    side, target, version, partial(_admits, pacing, version, trainer_at, queued)
+                    side, target, version, partial(_admits, pacing, version, trainer_at, queued, others)
                 )
                 activity.state = EXPLORING
             else:
                 paced += 0.02
                 activity.state = PACED
-                # nothing holds a place, and the trainer waits for rows this stream has finished
+                # nothing holds a place, and the trainer cannot fill a batch from the buffer without the rows this
+                # stream has finished (other explorers' tasks in flight may be waiting the same way)
                 flush = not flight.started and bool(flight.finished) and queued < pacing.batch_rows
         activity.tasks_in_flight, activity.tasks_deferred = flight.holding, flight.deferred
         if exhausted and not flight.running and not flight.finished:
@@ -169,8 +170,8 @@ class _Flight:
         """Start tasks with weights ``version`` while fewer than ``target`` hold a place and
         ``admits(tasks_holding_a_place)``; True when the tasks ran out."""
         while self.holding < target and admits(self.holding):
-            if not self.drawn:
-                self.drawn.extend(side.draw(side.batch_size))
+            if not self.drawn:  # an explorer process claims one task at a time: a claim is a task it runs
+                self.drawn.extend(side.draw(side.batch_size if side.claims is None else 1))
                 if not self.drawn:
                     return True
             future = asyncio.ensure_future(side.explorer.run_one(self.drawn.popleft()))
@@ -195,9 +196,11 @@ class _Flight:
             await asyncio.wait(self.running, timeout=5.0)
 
 
-def _admits(pacing: Pacing, version: int, trainer_at: Callable[[], int], queued: int, in_flight: int) -> bool:
-    """``pacing.admits`` with the trainer's version read now."""
-    return pacing.admits(version, trainer_at(), queued, in_flight)
+def _admits(
+    pacing: Pacing, version: int, trainer_at: Callable[[], int], queued: int, others: int, in_flight: int
+) -> bool:
+    """``pacing.admits`` with the trainer's version read now (``others``: other explorers' tasks in flight)."""
+    return pacing.admits(version, trainer_at(), queued, in_flight + others)
 
 
 async def _pull(side: ExplorerSide, version: int) -> None:

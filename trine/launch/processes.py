@@ -185,11 +185,18 @@ def trainer_ended(run_dir: Path, since: float) -> str | None:
 
 
 def explore(
-    stages: list[RunConfig], index: int, count: int, stop: threading.Event | None = None, buffer: Any = None
+    stages: list[RunConfig],
+    index: int,
+    count: int,
+    stop: threading.Event | None = None,
+    buffer: Any = None,
+    home: Path | None = None,
 ) -> str:
     """``trine explore``: explorer process ``index`` of ``count``; returns why it stopped. ``stop``: set by
     whoever drives this explorer to end it (a Ray driver); ``buffer``: where to put batches instead of
-    opening the run's buffer (the Ray buffer writer). Raises :class:`~trine.launch.liveness.PeerGone`
+    opening the run's buffer (the Ray buffer writer); ``home``: a directory of its own node for its files
+    instead of ``<run_dir>/explorers/<index>`` (``cluster.explorer_dir``: then it never reads the run
+    directory, and whoever drives it watches the trainer). Raises :class:`~trine.launch.liveness.PeerGone`
     when the trainer died and was not restarted within ``sync.wait_timeout``."""
     from trine import build
     from trine.monitor import build_monitor
@@ -197,10 +204,11 @@ def explore(
     from trine.threads import about, use_threads
 
     cfg = as_process(stages, "explore")
-    run_dir = cfg.run_path
-    check_shared_config(cfg, run_dir)
-    if trainer_ended(run_dir, since=0) == "finished":
-        return "the trainer already finished this run"
+    run_dir = cfg.run_path if home is None else home.parent.parent  # its files: <run_dir>/explorers/<index>
+    if home is None:
+        check_shared_config(cfg, run_dir)
+        if trainer_ended(run_dir, since=0) == "finished":
+            return "the trainer already finished this run"
     started, out = time.time(), run_dir / "explorers" / str(index)
     out.mkdir(parents=True, exist_ok=True)
     threads = use_threads(cfg.num_threads)  # as RunDir.open does for the trainer process
@@ -211,7 +219,7 @@ def explore(
     heartbeat = Heartbeat(out, side.batches, interval=interval, about=about(threads))
     monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=side.batches)
     stop = stop or threading.Event()
-    trainer = TrainerWatch(run_dir, cfg.sync.wait_timeout, index, count)
+    trainer = TrainerWatch(run_dir, cfg.sync.wait_timeout, index, count) if home is None else None
     watcher = threading.Thread(target=_watch, args=(run_dir, started, stop, side.sync, trainer), daemon=True)
     watcher.start()
     try:
@@ -222,7 +230,7 @@ def explore(
             if not stop.is_set():  # else: weight sync closed as the trainer's run ended, or it was gone
                 raise
             why = "the trainer's run ended"
-        if trainer.gone:
+        if trainer is not None and trainer.gone:
             raise PeerGone(trainer.gone)
     except KeyboardInterrupt:
         heartbeat.end("stopped", reason="interrupted; run again to continue")
@@ -239,11 +247,14 @@ def explore(
     return why
 
 
-def _watch(run_dir: Path, since: float, stop: threading.Event, sync: Any, trainer: TrainerWatch) -> None:
+def _watch(
+    run_dir: Path, since: float, stop: threading.Event, sync: Any, trainer: TrainerWatch | None
+) -> None:
     """Set ``stop`` when the trainer's run ends (after ``since``), or when it is gone and not back within
-    ``sync.wait_timeout`` (``trainer.gone`` says why); once stopped, release a wait for weights."""
+    ``sync.wait_timeout`` (``trainer.gone`` says why; ``trainer`` None: not watched here, whoever drives
+    this explorer sets ``stop``); once stopped, release a wait for weights."""
     while not stop.wait(WATCH_SECONDS):
-        if trainer_ended(run_dir, since) or trainer.check():
+        if trainer is not None and (trainer_ended(run_dir, since) or trainer.check()):
             stop.set()
     sync.close()
 
@@ -256,10 +267,9 @@ def _explore_loop(cfg: RunConfig, side: Any, monitor: Any, heartbeat: Any, stop:
     from trine.explorer.streaming import stream
     from trine.modes.asynchronous import produce_strategies
 
-    repeat = cfg.tasks.train.repeat
-    pacing = Pacing(cfg.buffer.max_staleness, cfg.trainer_batch_rows, repeat)
+    pacing = Pacing(cfg.buffer.max_staleness, cfg.trainer_batch_rows, cfg.tasks.train.repeat)
     claims = side.claims
-    queued = lambda: rows_queued(side.buffer) + claims.others_in_flight() * repeat  # noqa: E731
+    queued = partial(rows_queued, side.buffer)  # the other explorers' tasks in flight count as tasks
     trainer_at = lambda: (side.sync.latest() or 0) + cfg.sync.sync_interval  # noqa: E731 - at most this far
     tick = [time.perf_counter()]
 

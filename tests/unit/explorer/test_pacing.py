@@ -4,9 +4,6 @@ max_staleness``."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 from trine.explorer.pacing import Pacing, rows_queued
@@ -82,24 +79,6 @@ def test_no_bound_admits_everything():
 def test_sizes_that_make_no_rule_are_refused_by_name(kwargs, word):
     with pytest.raises(ValueError, match=word):
         Pacing(**kwargs)
-
-
-def test_wait_returns_the_newest_version_once_admitted_and_the_seconds_waited():
-    """A process explorer (whole batches, nothing in flight) waits while 32 rows are queued."""
-    queued = [32]
-    stop = threading.Event()
-    timer = threading.Timer(0.1, lambda: queued.__setitem__(0, 16))  # the trainer took a batch
-    timer.start()
-    version, waited = BOUND_1.wait(lambda: 0, lambda: 0, lambda: queued[0], stop)
-    assert version == 0 and 0.05 < waited < 5
-
-
-def test_wait_returns_at_once_when_stopped():
-    stop = threading.Event()
-    stop.set()
-    start = time.perf_counter()
-    version, _ = BOUND_0.wait(lambda: 7, lambda: 9, lambda: 1000, stop)
-    assert version == 7 and time.perf_counter() - start < 1
 
 
 def test_rows_queued_counts_ready_and_pending_rows():
