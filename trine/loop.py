@@ -83,9 +83,10 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
             last = st.step >= st.total_steps
             stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
             if st.evaluator and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
+                began = time.perf_counter()
                 record["eval_end"] = st.evaluator.evaluate(rd.step, rd.monitor)
                 record["eval_key"] = st.evaluator.key(rd.step)
-                metrics.update(record["eval_end"])
+                metrics.update({**record["eval_end"], "time/eval_seconds": time.perf_counter() - began})
             now = time.perf_counter()
             metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
             record["seconds"] += now - tick
