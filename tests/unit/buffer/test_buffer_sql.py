@@ -65,6 +65,7 @@ def _sql(url: str, request: pytest.FixtureRequest) -> SQLBuffer:
         with buf._engine.begin() as conn:
             conn.execute(sa.text(f"DROP TABLE {buf.table_name}"))
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {buf.table_name}_batches"))
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {buf.table_name}_tasks"))
         buf.close()
 
     request.addfinalizer(drop)

@@ -4,12 +4,50 @@ reopens its claims, and tasks dropped as stale explored again up to ``stale_retr
 
 from __future__ import annotations
 
+import os
+import uuid
+
+import pytest
+
 from tests.helpers import exp
 from trine.buffer import SQLBuffer
 from trine.buffer.sampling import SamplingRules
 from trine.explorer.claims import TaskClaims, TaskStream
 from trine.tasks import TaskScheduler
 from trine.types import Task
+
+PG_URL = os.environ.get("TRINE_TEST_POSTGRES_URL")
+needs_pg = pytest.mark.skipif(
+    not PG_URL,
+    reason='PostgreSQL variant: set TRINE_TEST_POSTGRES_URL (export TRINE_TEST_POSTGRES_URL="$(scripts/postgres.sh)")',
+)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=needs_pg)])
+def make(request, tmp_path):
+    """``make(**kwargs)``: a SQLBuffer on SQLite (a file in tmp_path) or PostgreSQL (a table of its own,
+    dropped after the test)."""
+    made: list[SQLBuffer] = []
+
+    def build(**kwargs) -> SQLBuffer:
+        if request.param == "sqlite":
+            buffer = SQLBuffer(tmp_path / "b.db", **kwargs)
+        else:
+            buffer = SQLBuffer(PG_URL, table=f"t_{uuid.uuid4().hex[:12]}", **kwargs)
+        made.append(buffer)
+        return buffer
+
+    yield build
+    for buffer in made:
+        if request.param == "postgres":
+            import sqlalchemy as sa
+
+            buffer._engines()
+            with buffer._engine.begin() as conn:
+                for suffix in ("", "_batches", "_tasks"):
+                    conn.execute(sa.text(f"DROP TABLE IF EXISTS {buffer.table_name}{suffix}"))
+        buffer.close()
+
 
 TASKS = [Task(task_id=str(i), question=f"{i}?", answer=str(i)) for i in range(23)]
 
@@ -41,8 +79,8 @@ def put(buffer: SQLBuffer, claims: TaskClaims, tasks: list[Task], batch: int, ve
     buffer.put(rows, producer=claims.owner, producer_batch=batch, claims=claims.finish(tasks))
 
 
-def test_explorers_pull_the_shared_stream_without_overlap_or_loss(tmp_path):
-    buffer = SQLBuffer(tmp_path / "b.db")
+def test_explorers_pull_the_shared_stream_without_overlap_or_loss(make):
+    buffer = make()
     fast, slow = explorer(buffer, "explorer-0"), explorer(buffer, "explorer-1")
     order = [t.task_id for t in TaskScheduler(TASKS, seed=3, epochs=1).next_batch(23)]
     got: dict[str, list[str]] = {"explorer-0": [], "explorer-1": []}
@@ -64,9 +102,9 @@ def test_explorers_pull_the_shared_stream_without_overlap_or_loss(tmp_path):
     assert len(buffer) == 46
 
 
-def test_a_dead_explorers_claims_expire_and_its_late_put_stores_nothing(tmp_path):
+def test_a_dead_explorers_claims_expire_and_its_late_put_stores_nothing(make):
     clock = Clock()
-    buffer = SQLBuffer(tmp_path / "b.db", clock=clock)
+    buffer = make(clock=clock)
     hung, alive = explorer(buffer, "explorer-0", lease=10), explorer(buffer, "explorer-1", lease=10)
     held = hung.claim(2)
     assert alive.claim(2)[0].task_id != held[0].task_id  # held tasks are not handed out twice
@@ -79,9 +117,9 @@ def test_a_dead_explorers_claims_expire_and_its_late_put_stores_nothing(tmp_path
     assert len(buffer) == 4
 
 
-def test_renewed_claims_do_not_expire(tmp_path):
+def test_renewed_claims_do_not_expire(make):
     clock = Clock()
-    buffer = SQLBuffer(tmp_path / "b.db", clock=clock)
+    buffer = make(clock=clock)
     slow, other = explorer(buffer, "explorer-0", lease=9), explorer(buffer, "explorer-1", lease=9)
     held = slow.claim(2)
     for _ in range(3):  # a slow explorer whose event loop runs renews its claims
@@ -91,8 +129,8 @@ def test_renewed_claims_do_not_expire(tmp_path):
     assert {t.task_id for t in other.claim(2)}.isdisjoint(t.task_id for t in held)
 
 
-def test_a_restarted_explorer_reopens_what_it_never_put(tmp_path):
-    buffer = SQLBuffer(tmp_path / "b.db")
+def test_a_restarted_explorer_reopens_what_it_never_put(make):
+    buffer = make()
     first = explorer(buffer, "explorer-0")
     held = first.claim(3)  # then killed -9
     again = explorer(buffer, "explorer-0")  # the same explorer, started again
@@ -100,9 +138,9 @@ def test_a_restarted_explorer_reopens_what_it_never_put(tmp_path):
     assert [t.task_id for t in again.claim(3)] == [t.task_id for t in held]
 
 
-def test_tasks_dropped_as_stale_come_back_until_their_retries_run_out(tmp_path):
+def test_tasks_dropped_as_stale_come_back_until_their_retries_run_out(make):
     rules = SamplingRules(max_staleness=1, stale_retries=1)
-    buffer = SQLBuffer(tmp_path / "b.db", rules=rules)
+    buffer = make(rules=rules)
     claims = explorer(buffer, "explorer-0")
     (task,) = claims.claim(1)
     put(buffer, claims, [task], 0, version=0)
@@ -119,11 +157,11 @@ def test_tasks_dropped_as_stale_come_back_until_their_retries_run_out(tmp_path):
     assert claims.claim(1)[0].task_id != task.task_id
 
 
-def test_a_rewind_keeps_rows_dropped_as_stale_whose_task_was_explored_again(tmp_path):
+def test_a_rewind_keeps_rows_dropped_as_stale_whose_task_was_explored_again(make):
     """A trainer process resumed from its checkpoint gives back what it dropped since, except rows whose task
     an explorer explored again meanwhile (the newer rows stand for it: nothing is trained twice)."""
     rules = SamplingRules(max_staleness=1)
-    buffer = SQLBuffer(tmp_path / "b.db", rules=rules, rewind="reads")
+    buffer = make(rules=rules, rewind="reads")
     claims = explorer(buffer, "explorer-0")
     tasks = claims.claim(2)
     put(buffer, claims, tasks, 0, version=0)
