@@ -1,5 +1,5 @@
-"""BroadcastSender / BroadcastReceiver: the trainer's weights over torch.distributed (gloo here) to
-explorer processes, each a spawned process with a real HFEngine on a tiny-1m model.
+"""BroadcastSender / BroadcastReceiver: the trainer's weights over one torch.distributed group (gloo here)
+to explorer processes, each a spawned process with a real HFEngine on a tiny-1m model (or a bare receiver).
 
 Two explorer processes live for the whole module (starting one costs seconds); each test gives them
 commands (join a sender, pull a version, close). Tests that kill or stop an explorer start their own.
@@ -23,8 +23,9 @@ import torch
 
 from trine.models import init_model, load_model, load_tokenizer
 from trine.models.engine import HFEngine
-from trine.sync import BroadcastReceiver, BroadcastSender
-from trine.sync.broadcast import JOINS, buckets, resolve_backend
+from trine.sync import BroadcastReceiver, BroadcastSender, broadcast
+from trine.sync.broadcast import ANSWER, JOINS
+from trine.sync.collective import buckets, resolve_backend
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CTX = mp.get_context("spawn")
@@ -170,9 +171,10 @@ def _assert_identical(received: dict[str, np.ndarray], expected: dict[str, torch
 
 
 def _wait_joined(sender: BroadcastSender, n: int, timeout: float = 30) -> None:
+    """Wait until the sender's group holds ``n`` explorers."""
     deadline = time.monotonic() + timeout
-    while sum(c.joined and c.alive for c in sender.channels) < n:
-        assert time.monotonic() < deadline, f"{n} explorers did not join within {timeout}s"
+    while len(sender.members) != n:
+        assert time.monotonic() < deadline, f"{n} explorers did not join within {timeout}s: {sender.members}"
         time.sleep(0.02)
 
 
@@ -180,15 +182,27 @@ def _sender(bucket_mb: float = 64, timeout: float = 10) -> BroadcastSender:
     return BroadcastSender("127.0.0.1", 0, bucket_mb=bucket_mb, backend="gloo", timeout=timeout)
 
 
+def _trainer_sends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """(group size, rank sent to, bytes) of every version the trainer sends, from now on."""
+    sends: list[tuple[int, int, int]] = []
+    real = broadcast.relay
+
+    def counting(group, pieces, up, down, timeout):
+        if up is None:
+            sends.append((group.size(), down, sum(p.numel() * p.element_size() for p in pieces)))
+        return real(group, pieces, up, down, timeout)
+
+    monkeypatch.setattr(broadcast, "relay", counting)
+    return sends
+
+
+def _distinct_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the state dict with the tied head counted once."""
+    tensors = {v.data_ptr(): v for v in model.state_dict().values()}
+    return sum(v.numel() * v.element_size() for v in tensors.values())
+
+
 # -- tests -----------------------------------------------------------------------------------------
-def test_buckets_group_by_dtype_within_the_size_limit():
-    layout = [["a", "torch.float32", [10]], ["b", "torch.bfloat16", [4]], ["c", "torch.float32", [20]]]
-    layout += [["d", "torch.float32", [100]], ["e", "torch.float32", [5]]]
-    # 100 bytes: a (40) + c (80) overflow; d (400) alone however large; b is its own dtype
-    assert buckets(layout, 100) == [[0], [2], [3], [4], [1]]
-    assert buckets(layout, 10_000) == [[0, 2, 3, 4], [1]]
-
-
 def test_bad_settings_name_the_value_and_the_fix():
     with pytest.raises(ValueError, match="expected host:port"):
         BroadcastReceiver("localhost", "explorer-0", backend="gloo")
@@ -206,22 +220,27 @@ def test_an_explorer_receives_bit_identical_weights(explorers, model_dir, bucket
     explorer = explorers[0]
     model = _trainer_model(model_dir)
     layout = [[k, str(v.dtype), list(v.shape)] for k, v in model.state_dict().items()]
-    count = len(buckets(layout, int(bucket_mb * 2**20)))
+    count = len(buckets(layout, int(bucket_mb * 2**20)))  # and pieces of at most a bucket
     assert count == 1 if bucket_mb == 64 else count > 20
     sender = _sender(bucket_mb)
     base = 10 if bucket_mb == 64 else 20  # versions the explorer's engine has not loaded yet
     try:
         explorer.ask("join", sender.address, "explorer-0", 10.0)
-        for version in (base + 1, base + 2):  # the second one without the layout
+        _wait_joined(sender, 1)
+        for version in (base + 1, base + 2):  # the second one with the layout already in the store
             expected = _step(model, version)
             sender.push(model, version)
             loaded, received = explorer.ask("pull", version, 30.0)
             assert loaded == version
             _assert_identical(received, expected)
-        sent = json.loads(sender.current[1])
-        assert sent["aliases"] == {"lm_head.weight": "model.embed_tokens.weight"}  # the tied head: once
-        assert "lm_head.weight" not in [name for name, _, _ in sent["tensors"]] and explorer.ask("tied")
-        assert sender.metrics() == {"sync/receivers": 1.0, "sync/broadcast_failures": 0.0}
+        layout = sender.current.layout
+        assert layout.aliases == {"lm_head.weight": "model.embed_tokens.weight"}  # the tied head: once
+        assert "lm_head.weight" not in [name for name, _, _ in layout.tensors] and explorer.ask("tied")
+        assert sender.metrics() == {
+            "sync/receivers": 1.0,
+            "sync/broadcast_failures": 0.0,
+            "sync/regroups": 1.0,
+        }
         assert sender.latest() == base + 2 and sender.seconds > 0
     finally:
         sender.close()
@@ -229,15 +248,51 @@ def test_an_explorer_receives_bit_identical_weights(explorers, model_dir, bucket
 
 
 @pytest.mark.slow  # explorer processes
-def test_two_explorers_are_served_and_a_killed_or_hung_one_costs_only_its_channel(explorers, model_dir):
+def test_one_group_carries_every_push_and_the_trainer_sends_each_version_once(
+    explorers, model_dir, monkeypatch
+):
+    model = _trainer_model(model_dir)
+    sender = _sender()
+    sends = _trainer_sends(monkeypatch)
+    try:
+        for i, explorer in enumerate(explorers):
+            explorer.ask("join", sender.address, f"explorer-{i}", 10.0)
+        _wait_joined(sender, 2)
+        regroups = sender.metrics()["sync/regroups"]
+        for version in (81, 82, 83):
+            expected = _step(model, version)
+            sender.push(model, version)
+            for explorer in explorers:  # both hold it once push returned
+                assert explorer.ask("wait_latest", version, 0.0) == version
+                loaded, received = explorer.ask("pull", version, 30.0)
+                assert loaded == version
+                _assert_identical(received, expected)
+        # three ranks; each version leaves the trainer once, for rank 1, which forwards it to rank 2
+        assert sends == [(3, 1, _distinct_bytes(model))] * 3
+        # membership unchanged: the group formed when the second explorer came is the one every push used
+        assert sender.metrics() == {
+            "sync/receivers": 2.0,
+            "sync/broadcast_failures": 0.0,
+            "sync/regroups": regroups,
+        }
+    finally:
+        sender.close()
+        for explorer in explorers:
+            explorer.ask("close")
+
+
+@pytest.mark.slow  # explorer processes
+def test_a_killed_or_hung_explorer_costs_the_trainer_a_bounded_wait_and_the_others_nothing(
+    explorers, model_dir
+):
     timeout = 3.0
     doomed = [Explorer(None), Explorer(None)]  # to be killed (SIGKILL) and hung (SIGSTOP)
     model = _trainer_model(model_dir)
     sender = _sender(timeout=timeout)
     try:
         for i, explorer in enumerate(explorers + [d.ready() for d in doomed]):
-            explorer.ask("join", sender.address, f"explorer-{i}", 10.0)
-        _wait_joined(sender, 4)
+            explorer.ask("join", sender.address, f"explorer-{i}", timeout)
+            _wait_joined(sender, i + 1)  # in this order down the route: the doomed ones last
         expected = _step(model, 31)
         sender.push(model, 31)
         for explorer in explorers:
@@ -248,16 +303,23 @@ def test_two_explorers_are_served_and_a_killed_or_hung_one_costs_only_its_channe
         os.kill(doomed[0].process.pid, signal.SIGKILL)
         os.kill(doomed[1].process.pid, signal.SIGSTOP)
         doomed[0].process.join(10)
-        for version in (32, 33):  # a hung explorer's socket may absorb one version: two are pushed
+        for version in (32, 33):  # 32 fails (within timeout), 33 regroups (within ANSWER) and is delivered
             expected = _step(model, version)
             start = time.monotonic()
             sender.push(model, version)
-            assert time.monotonic() - start < timeout + 3, "a push waited past sync.broadcast_timeout"
-        assert sender.metrics() == {"sync/receivers": 2.0, "sync/broadcast_failures": 2.0}
+            took = time.monotonic() - start
+            assert took < timeout + min(ANSWER, timeout) + 3, f"a push took {took:.1f}s"
+        assert sender.metrics()["sync/receivers"] == 2.0
+        assert sender.metrics()["sync/broadcast_failures"] == 2.0
         for explorer in explorers:
             loaded, received = explorer.ask("pull", 33, 30.0)
             assert loaded == 33
             _assert_identical(received, expected)
+
+        os.kill(doomed[1].process.pid, signal.SIGCONT)  # the hung one wakes up: it joins again by itself
+        assert doomed[1].ask("wait_latest", 33, 30.0) == 33
+        _wait_joined(sender, 3)
+        assert sender.metrics()["sync/broadcast_failures"] == 2.0
     finally:
         sender.close()
         for explorer in explorers:
@@ -268,23 +330,38 @@ def test_two_explorers_are_served_and_a_killed_or_hung_one_costs_only_its_channe
 
 
 @pytest.mark.slow  # explorer processes
-def test_a_late_joiner_gets_the_newest_version_without_a_new_push(explorers, model_dir):
-    explorer = explorers[1]
+def test_a_late_joiner_gets_the_newest_version_at_once_alone_then_every_push(
+    explorers, model_dir, monkeypatch
+):
+    early, late = explorers
     model = _trainer_model(model_dir)
     sender = _sender()
+    sends = _trainer_sends(monkeypatch)
     try:
+        start = time.monotonic()
+        sender.push(model, 40)  # nobody listens: returns at once
+        assert time.monotonic() - start < 1.0 and sends == []
+        early.ask("join", sender.address, "early", 10.0)
+        assert early.ask("pull", 40, 30.0)[0] == 40  # joined after the push: gets it without a new one
         for version in (41, 42):
             expected = _step(model, version)
-            start = time.monotonic()
-            sender.push(model, version)  # nobody listens: returns at once
-            assert time.monotonic() - start < 1.0
-        explorer.ask("join", sender.address, "late", 10.0)
-        loaded, received = explorer.ask("pull", 42, 30.0)
+            sender.push(model, version)
+        late.ask("join", sender.address, "late", 10.0)
+        loaded, received = late.ask("pull", 42, 30.0)
         assert loaded == 42 and sender.latest() == 42
         _assert_identical(received, expected)
+        assert sends[-1][1:] == (2, _distinct_bytes(model)), "the catch-up goes to the late joiner only"
+        expected = _step(model, 43)
+        sender.push(model, 43)
+        for explorer in explorers:
+            loaded, received = explorer.ask("pull", 43, 30.0)
+            assert loaded == 43
+            _assert_identical(received, expected)
+        assert sends[-1] == (3, 1, _distinct_bytes(model)) and len(sends) == 5
     finally:
         sender.close()
-        explorer.ask("close")
+        for explorer in explorers:
+            explorer.ask("close")
 
 
 @pytest.mark.slow  # explorer processes
@@ -309,8 +386,9 @@ def test_an_explorer_with_another_model_gets_a_clear_error_and_keeps_its_weights
 
 
 @pytest.mark.slow  # explorer processes
-def test_a_dead_joiner_does_not_hold_up_the_next_one(explorers, model_dir):
-    """One that took a slot and died before giving its name must not block the trainer's store."""
+def test_dead_joiners_do_not_hold_up_the_next_one(explorers, model_dir):
+    """One that took a slot and died before giving its name costs nothing; one that gave its name and
+    died before answering costs the next generation at most ANSWER seconds (and counts as lost)."""
     import torch.distributed as dist
 
     explorer = explorers[1]
@@ -319,13 +397,17 @@ def test_a_dead_joiner_does_not_hold_up_the_next_one(explorers, model_dir):
         host, port = sender.address.rsplit(":", 1)
         ghost = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
         ghost.add(JOINS, 1)
-        time.sleep(0.2)  # the trainer now waits for the ghost's name
+        named = int(ghost.add(JOINS, 1))
+        ghost.set(f"trine/join/{named}", json.dumps({"name": "ghost", "host": "nowhere"}))
+        time.sleep(0.2)  # the trainer now asks the named ghost to answer
         start = time.monotonic()
         explorer.ask("join", sender.address, "explorer-1", 10.0)
         _wait_joined(sender, 1)
         sender.push(_trainer_model(model_dir), 61)
         assert explorer.ask("pull", 61, 30.0)[0] == 61
-        assert time.monotonic() - start < 6.0, "the join waited for the dead joiner's timeout"
+        took = time.monotonic() - start
+        assert took < ANSWER + 4.0, f"the join took {took:.1f}s: it waited for a dead joiner's timeout"
+        assert sender.metrics()["sync/broadcast_failures"] == 1.0 and sender.members == ["explorer-1"]
     finally:
         sender.close()
         explorer.ask("close")
@@ -349,17 +431,20 @@ def test_close_is_prompt_on_both_sides_and_no_thread_outlives_it(explorers, mode
     explorer = explorers[0]
     sender = _sender()
     explorer.ask("join", sender.address, "explorer-0", 10.0)
-    sender.push(_trainer_model(model_dir), 71)
+    model = _trainer_model(model_dir)
+    sender.push(model, 71)
     assert explorer.ask("pull", 71, 30.0)[0] == 71
     assert explorer.ask("close") < 1.0
+    assert explorer.ask("thread_ended", 5.0), "the receiver's thread outlived close()"
+    start = time.monotonic()
+    sender.push(model, 72)  # the explorer said it left: no waiting for its answer
+    assert time.monotonic() - start < min(ANSWER, 2.0)
+    assert sender.metrics()["sync/receivers"] == 0.0 and sender.metrics()["sync/broadcast_failures"] == 0.0
     start = time.monotonic()
     sender.close()
     assert time.monotonic() - start < 1.0
-    threads = [sender._acceptor] + [c.thread for c in sender.channels]
-    for thread in threads:
-        thread.join(5)
-    assert not any(t.is_alive() for t in threads)
-    assert explorer.ask("thread_ended", 5.0), "the receiver's thread outlived close()"
+    sender._worker.join(5)
+    assert not sender._worker.is_alive()
 
     results = CTX.Queue()
     process = CTX.Process(target=_both_sides_then_exit, args=(str(model_dir), results))

@@ -16,8 +16,9 @@ Methods (``sync.method``, decided in one place: :attr:`trine.config.RunConfig.sy
   directory), for a trainer and explorers in separate processes: versions are published atomically
   (write, then rename) and loaded by each explorer; built as ``PublishedWeights(directory)``.
 - ``broadcast`` (:class:`~trine.sync.broadcast.BroadcastSender` on the trainer,
-  :class:`~trine.sync.broadcast.BroadcastReceiver` on each explorer): over torch.distributed process
-  groups (gloo / NCCL), for processes on other machines (Ray).
+  :class:`~trine.sync.broadcast.BroadcastReceiver` on each explorer): over one torch.distributed process
+  group of the trainer and every explorer (gloo / NCCL; the trainer sends each version once, explorers
+  forward it), for processes on other machines (Ray).
 """
 
 from __future__ import annotations
