@@ -195,9 +195,11 @@ class TrainerConfig(Section):
     """Run each distinct prompt of a micro-batch once for all of its responses (GRPO's ``repeat``
     samples of a task share one prompt) instead of once per sample: the prompt's keys/values are reused
     by its responses and their gradients flow back through them, so logprobs, loss and gradients are
-    the per-sample forward's up to float rounding, from fewer tokens. Micro-batches then keep each
-    prompt's rows together, ``micro_batch_tokens`` counting ``prompts × (prompt length - 1) + rows ×
-    longest response`` (:mod:`trine.models.shared_prompt`). ``auto``: per mini-batch, where it runs
+    the per-sample forward's up to float rounding, from fewer tokens (``prompts × (prompt length - 1) +
+    rows × longest response`` per micro-batch). A micro-batch holds no more rows than
+    ``micro_batch_tokens`` allows the per-sample forward, and keeps each prompt's rows together or
+    buckets them by response length, whichever runs fewer tokens (:mod:`trine.models.shared_prompt`).
+    ``auto``: per mini-batch, where it runs
     fewer tokens than the per-sample forward (padded or ``packed``) and the model allows it (a
     full-attention KV cache, no gradient checkpointing, no FSDP); ``true``: every step whose prompts
     all hold >= 2 tokens (a model that does not allow it fails when the trainer is built); ``false``:
@@ -243,7 +245,8 @@ class SyncConfig(Section):
     copy), ``copy`` (the engine samples a snapshot, refreshed from in-memory copies every
     ``sync_interval`` steps), ``published`` (the trainer publishes each version into
     ``<run_dir>/weights``, explorer processes load the newest) or ``broadcast`` (the trainer sends each
-    version to every explorer process over torch.distributed: gloo on CPU, NCCL on GPU). None:
+    version once, down one process group of all explorer processes, over torch.distributed: gloo on CPU,
+    NCCL on GPU). None:
     ``broadcast`` with ``cluster.backend: ray``, ``published`` with ``launch: processes``, ``shared`` in
     mode sync with ``sync_offset`` 0, else ``copy`` (``RunConfig.sync_method``, the one place this is
     decided)."""
@@ -254,12 +257,16 @@ class SyncConfig(Section):
     loopback for processes of one machine (recorded in ``<run_dir>/weights/broadcast.json``), on the
     trainer's node under Ray (the driver picks it)."""
     bucket_mb: Positive = 64.0
-    """``broadcast``: tensors travel flattened into buckets of at most this many MB per dtype."""
+    """``broadcast``: tensors travel flattened into buckets of at most this many MB per dtype, cut into
+    pieces of at most this size (smaller, down to 1 MB, so that a version makes at least 64 pieces); each
+    explorer forwards a piece to the next as soon as it arrived."""
     broadcast_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """``broadcast``: torch.distributed backend; ``auto`` is NCCL where CUDA is available, else gloo."""
     broadcast_timeout: Positive = 60.0
-    """``broadcast``: seconds one transfer to an explorer may take before its channel is dropped (the
-    trainer goes on; the explorer joins again and gets the newest version)."""
+    """``broadcast``: seconds any one step of a transfer may take (forming the group, one piece from one
+    process to the next, the explorers' acknowledgements) before the trainer gives the group up and forms
+    it again with the explorers that answer (a dead or hung one is dropped; once back, it joins again and
+    gets the newest version at once). Give every process of a run the same value."""
     wait_timeout: Positive | None = 600.0
     """Seconds a process waits for the other side (an explorer for the trainer's first weights, the
     trainer for each batch, also in one process) before it stops with an error; None: forever."""
