@@ -50,9 +50,12 @@ Not matched exactly: the advantage epsilon (1e-4 vs 1e-6; with 0/1 rewards a non
 >= 0.35, so < 0.03% apart), and Trine's ``time/step_seconds`` excludes its jsonl write while TRL's
 callback clock includes its per-step log (both small next to a 0.2 s step).
 
-1. Step time: blocks of steps alternate TRL, Trine, TRL, Trine ... (the first step of each block is
-   a warm-up); medians per step, from the SFT'd model (short answers) and from the random model
-   (responses run to the 32-token limit). Target: Trine <= 0.5x TRL.
+1. Step time: blocks of steps alternate TRL, Trine, Trine per-sample, TRL, ... (the first step of each
+   block is a warm-up); medians per step, from the SFT'd model (short answers) and from the random model
+   (responses run to the 32-token limit). Target: Trine <= 0.5x TRL. "Trine" is the default config,
+   whose ``trainer.shared_prompt: auto`` runs each group's prompt once for its 8 responses; "Trine
+   per-sample" sets ``shared_prompt: false`` (the forward TRL also runs: the prompt once per sample),
+   and the update-only seconds (``time/train_seconds``) of both show what the arrangement saves.
    Every block runs in a fresh process (``--worker``): torch's OpenMP runtime keeps a thread team
    per thread that ever ran parallel ops, and the other side's leftover teams slowed both sides
    by 20-50% when they shared one process.
@@ -68,6 +71,7 @@ callback clock includes its per-step log (both small next to a 0.2 s step).
 Needs the ``bench`` extra (``pip install -e ".[bench]"``). Usage:
 python benchmarks/vs_trl.py [--budget 60] [--rounds 3] [--block 5] [--seeds 3] [--no-write]
 Smoke check: python benchmarks/vs_trl.py --budget 5 --seeds 1 --rounds 1 --block 3 --no-write
+Step times only: python benchmarks/vs_trl.py --seeds 0
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import random
 import shutil
 import statistics
 import subprocess
@@ -84,7 +89,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import CACHE, ROOT, markdown_table, median, report, threads, tiny_model
+from common import CACHE, ROOT, alternate, markdown_table, median, report, threads, timed, tiny_model
 
 from trine.config import validate_dict
 from trine.loop import run as trine_run
@@ -93,7 +98,9 @@ DATA = ROOT / "examples" / "arithmetic" / "data"
 LR = 5e-4
 
 
-def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync", seed: int = 0) -> dict:
+def trine_config(
+    model: Path, run_dir: Path, steps: int, mode: str = "sync", seed: int = 0, shared_prompt: object = "auto"
+) -> dict:
     cfg = {
         "name": "bench",
         "run_dir": str(run_dir),
@@ -119,6 +126,8 @@ def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync", see
             "fused_adamw": mode == "sync",
             "save_every": 0,
             "keep_checkpoints": 1,
+            # each group's prompt runs once for its 8 responses ("auto", the default) or once per sample
+            "shared_prompt": shared_prompt,
         },
         "eval": {"at_start": False},
         "monitor": {"sinks": ["jsonl"], "plot": False},
@@ -127,15 +136,21 @@ def trine_config(model: Path, run_dir: Path, steps: int, mode: str = "sync", see
     return cfg
 
 
-def run_trine(model: Path, steps: int, seed: int = 0) -> tuple[list[float], Path]:
-    """GRPO for ``steps``; returns per-step seconds and the final checkpoint directory."""
+def run_trine(
+    model: Path, steps: int, seed: int = 0, shared_prompt: object = "auto"
+) -> tuple[list[float], Path, list[float]]:
+    """GRPO for ``steps``; returns per-step seconds, the final checkpoint directory and per-step seconds
+    of the update alone (``time/train_seconds``)."""
     run_dir = Path(tempfile.mkdtemp(prefix="trine-bench-"))
-    stages, errors = validate_dict(trine_config(model, run_dir, steps, seed=seed))
+    stages, errors = validate_dict(
+        trine_config(model, run_dir, steps, seed=seed, shared_prompt=shared_prompt)
+    )
     assert not errors, errors
     trine_run(stages)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     ckpt = sorted((run_dir / "checkpoints").iterdir())[-1]
-    return [r["time/step_seconds"] for r in rows if "time/step_seconds" in r], ckpt
+    train = [r["time/train_seconds"] for r in rows if "time/train_seconds" in r]
+    return [r["time/step_seconds"] for r in rows if "time/step_seconds" in r], ckpt, train
 
 
 # What the TRL side sets (see the module docstring for TRL's defaults and Trine's equivalents).
@@ -253,10 +268,16 @@ def run_trl(model: Path, steps: int, budget: float | None = None, seed: int = 0)
     return clock.times, out / "final"
 
 
+SIDES = ("trl", "trine", "trine-per-sample")
+"""Worker sides: TRL, Trine as configured by default (``shared_prompt: auto``), Trine with the per-sample
+forward (``shared_prompt: false``, the arrangement before issue 27)."""
+
+
 def in_process(
     side: str, model: Path, steps: int, budget: float | None = None, seed: int = 0
-) -> tuple[list[float], Path]:
-    """``run_trl`` / ``run_trine`` in a fresh Python process; returns (per-step seconds, final model)."""
+) -> tuple[list[float], Path, list[float]]:
+    """``run_trl`` / ``run_trine`` in a fresh Python process; returns (per-step seconds, final model,
+    Trine's per-step update seconds, empty for TRL)."""
     out = Path(tempfile.mkdtemp(prefix="bench-worker-")) / "result.json"
     cmd = [sys.executable, __file__, "--worker", side, "--model", str(model), "--steps", str(steps)]
     cmd += ["--out", str(out), "--seed", str(seed)] + (
@@ -264,13 +285,18 @@ def in_process(
     )
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     result = json.loads(out.read_text())
-    return result["times"], Path(result["final"])
+    return result["times"], Path(result["final"]), result["train"]
 
 
 def worker(side: str, model: Path, steps: int, budget: float | None, out: Path, seed: int) -> None:
     threads(2)
-    times, final = run_trl(model, steps, budget, seed) if side == "trl" else run_trine(model, steps, seed)
-    out.write_text(json.dumps({"times": times, "final": str(final)}))
+    if side == "trl":
+        times, final = run_trl(model, steps, budget, seed)
+        train: list[float] = []
+    else:
+        shared = "auto" if side == "trine" else False
+        times, final, train = run_trine(model, steps, seed, shared_prompt=shared)
+    out.write_text(json.dumps({"times": times, "final": str(final), "train": train}))
 
 
 def evaluate(model_dir: Path) -> dict[str, float]:
@@ -310,17 +336,96 @@ def spread(diffs: list[float]) -> str:
 
 
 def step_times(start: Path, base: Path, rounds: int, block: int) -> tuple[list[list[object]], float]:
-    """Alternating fresh-process blocks per side; table rows and Trine's median s/step after SFT."""
+    """Alternating fresh-process blocks per side (TRL, Trine, Trine with the per-sample forward); table
+    rows and Trine's median s/step after SFT."""
     rows, trine_after_sft = [], 0.0
     for label, model in (("after SFT (short answers)", start), ("random init (32-token responses)", base)):
-        times: dict[str, list[float]] = {"trl": [], "trine": []}
+        times: dict[str, list[float]] = {side: [] for side in SIDES}
+        train: dict[str, list[float]] = {side: [] for side in SIDES}
         for _ in range(rounds):
-            times["trl"] += in_process("trl", model, block)[0][1:]
-            times["trine"] += in_process("trine", model, block)[0][1:]
-        trl, trine = median(times["trl"]), median(times["trine"])
+            for side in SIDES:
+                step, _, update = in_process(side, model, block)
+                times[side] += step[1:]
+                train[side] += update[1:]
+        trl, trine, per_sample = (median(times[side]) for side in SIDES)
         trine_after_sft = trine_after_sft or trine
         rows.append([f"s/step, {label}", f"{trl:.3f}", f"{trine:.3f}", f"{trine / trl:.2f}x", "≤ 0.5x"])
+        rows.append(
+            [
+                f"s/step, {label}, Trine per-sample forward (shared_prompt: false)",
+                f"{trl:.3f}",
+                f"{per_sample:.3f}",
+                f"{per_sample / trl:.2f}x",
+                "-",
+            ]
+        )
+        shared_train, sample_train = median(train["trine"]), median(train["trine-per-sample"])
+        rows.append(
+            [
+                f"Trine update s/step ({label}): per-sample → shared prompt",
+                "-",
+                f"{sample_train:.3f} → {shared_train:.3f}",
+                f"{shared_train / sample_train:.2f}x",
+                "-",
+            ]
+        )
     return rows, trine_after_sft
+
+
+def update_ab(model: Path, rounds: int) -> list[list[object]]:
+    """Trine's update alone (``Trainer.step``), per-sample forward vs shared prompt, alternating step by
+    step in this one process (less exposed to a busy machine than the fresh-process blocks), on batches
+    shaped like the benchmark's: 4 chat prompts x 8 responses, each the answer and EOS, or 32 tokens."""
+    from trine.algorithms import PRESETS
+    from trine.config import TrainerConfig
+    from trine.models import load_model, load_tokenizer
+    from trine.trainer import Trainer
+    from trine.types import Experience
+
+    tok = load_tokenizer(model)
+    tasks = [json.loads(line) for line in (DATA / "train.jsonl").read_text().splitlines()[:4]]
+    rng = random.Random(0)
+    rows = []
+    for label, long in (("answer + EOS", False), ("32-token responses", True)):
+        exps = []
+        for group, task in enumerate(tasks):
+            chat = [{"role": "user", "content": task["question"]}]
+            prompt = tok(tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False))[
+                "input_ids"
+            ]
+            for k in range(8):
+                answer = tok(task["answer"])["input_ids"] + [tok.eos_token_id]
+                resp = [rng.randrange(3, len(tok)) for _ in range(32)] if long else answer
+                exps.append(
+                    Experience(prompt + resp, len(prompt), [1] * len(resp), logprobs=[-1.0] * len(resp),
+                               reward=float(k % 2), group_id=str(group))
+                )  # fmt: skip
+        trainers = {
+            shared: Trainer(
+                load_model(model),
+                PRESETS["grpo"],
+                TrainerConfig(lr=LR, fused_adamw=True, shared_prompt=shared),
+                pad_token_id=tok.pad_token_id,
+            )
+            for shared in (False, True)
+        }
+        times = alternate(
+            {shared: (lambda t=t, e=exps: timed(lambda: t.step(e))) for shared, t in trainers.items()},
+            rounds,
+            2,
+        )
+        before, after = median(times[False]), median(times[True])
+        rows.append(
+            [
+                f"Trine update s/step, one process ({label}, prompt {exps[0].prompt_length} "
+                "tokens): per-sample → shared prompt",
+                "-",
+                f"{before:.3f} → {after:.3f}",
+                f"{after / before:.2f}x",
+                "-",
+            ]
+        )
+    return rows
 
 
 def accuracy_runs(start: Path, budget: float, seeds: int, trine_steps: int) -> list[dict[str, dict]]:
@@ -329,10 +434,10 @@ def accuracy_runs(start: Path, budget: float, seeds: int, trine_steps: int) -> l
     results = []
     for seed in range(seeds):
         per_side = {}
-        times, final = in_process("trine", start, trine_steps, budget=None, seed=seed)
+        times, final, _ = in_process("trine", start, trine_steps, budget=None, seed=seed)
         per_side["trine"] = {**evaluate(final), "steps": len(times), "seconds": sum(times)}
         # TRL gets the seconds Trine actually trained, not the nominal budget: equal wall-clock
-        times, final = in_process("trl", start, 10_000, budget=sum(times), seed=seed)
+        times, final, _ = in_process("trl", start, 10_000, budget=sum(times), seed=seed)
         per_side["trl"] = {**evaluate(final), "steps": len(times), "seconds": sum(times)}
         results.append(per_side)
     return results
@@ -378,9 +483,11 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=60.0, help="wall-clock seconds of GRPO per side")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--block", type=int, default=5, help="steps per timing block")
-    parser.add_argument("--seeds", type=int, default=3, help="accuracy runs per side (seeds 0..n-1)")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="accuracy runs per side (seeds 0..n-1); 0: step times only"
+    )
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--worker", choices=["trl", "trine"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -394,15 +501,19 @@ def main() -> None:
     base = tiny_model("tiny-5m")
     start = sft_start(base)
     rows, trine_s = step_times(start, base, args.rounds, args.block)
-    before = evaluate(start)
-    results = accuracy_runs(start, args.budget, args.seeds, max(1, int(args.budget / trine_s)))
-    acc_rows, per_seed = accuracy_tables(results, before, args.budget)
+    rows += update_ab(start, 5 * args.rounds)
+    acc_rows, per_seed = [], ""
+    if args.seeds > 0:
+        before = evaluate(start)
+        results = accuracy_runs(start, args.budget, args.seeds, max(1, int(args.budget / trine_s)))
+        acc_rows, per_seed = accuracy_tables(results, before, args.budget)
+        per_seed = (
+            "\n\nPer seed (accuracy after the budget; steps and seconds spent in GRPO steps):\n\n" + per_seed
+        )
     table = markdown_table(["measure", "TRL", "Trine", "ratio / diff", "target"], rows + acc_rows)
     report(
         "Trine vs TRL GRPO (tiny-5m, CPU, 2 threads)",
-        table
-        + "\n\nPer seed (accuracy after the budget; steps and seconds spent in GRPO steps):\n\n"
-        + per_seed,
+        table + per_seed,
         f"4 prompts x 8 samples, max 32 new tokens, lr {LR}, no KL, TRL loss_type=dapo, fp32, fused AdamW, "
         "gradient checkpointing off on both sides (TRL's default is on); medians of "
         f"{args.rounds} alternating blocks of {args.block} steps (first step of each block dropped), "

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from trine.models.sampling import truncated_logprobs
+from trine.models.shared_prompt import SharedLayout, shared_layout, shared_logits
 from trine.types import Experience
 
 
@@ -31,6 +32,7 @@ class MicroBatch:
     rows: list[int]  # indices of the experiences in the step's list
     extras: dict[str, Tensor] = field(default_factory=dict)  # per-token tensors added by the trainer
     truncation: tuple[Tensor, Tensor] | None = None  # per-row (top_k [B, 1], top_p [B, 1]) to replay
+    shared: SharedLayout | None = None  # the rows arranged by prompt: the shared-prompt forward runs
 
     @property
     def num_tokens(self) -> int:
@@ -70,9 +72,16 @@ def plan_micro_batches(lengths: list[int], token_budget: int, overhead_tokens: i
 
 
 def collate(
-    experiences: list[Experience], rows: list[int], pad_id: int, device: Any, default_temperature: float = 1.0
+    experiences: list[Experience],
+    rows: list[int],
+    pad_id: int,
+    device: Any,
+    default_temperature: float = 1.0,
+    *,
+    shared_prompt: bool = False,
 ) -> MicroBatch:
-    """Build a left-padded :class:`MicroBatch` from ``experiences[rows]``."""
+    """Build a left-padded :class:`MicroBatch` from ``experiences[rows]``; ``shared_prompt``: also its
+    :class:`~trine.models.shared_prompt.SharedLayout`, which :func:`forward_logprobs` then runs."""
     exps = [experiences[i] for i in rows]
     width = max(len(e.tokens) for e in exps)
     resp = max(e.response_length for e in exps)
@@ -117,6 +126,11 @@ def collate(
         temperature=torch.tensor(temps, dtype=torch.float32, device=device).view(-1, 1, 1),
         rows=list(rows),
         truncation=truncation,
+        shared=shared_layout(
+            [e.tokens[: e.prompt_length] for e in exps], [e.response_tokens for e in exps], pad_id, device
+        )
+        if shared_prompt and resp > 0
+        else None,
     )
 
 
@@ -140,9 +154,14 @@ def forward_logprobs(
     what the engine reported. With ``entropy_fn`` also the per-token entropy of the untruncated
     distribution (with gradient only when ``entropy_grad``, for an entropy bonus). ``packed``: one
     forward over the rows packed without padding (:func:`packed_logits`), same numbers up to kernel
-    rounding.
+    rounding. A batch collated with ``shared_prompt`` runs each distinct prompt once
+    (:func:`~trine.models.shared_prompt.shared_logits`), also the same numbers up to float rounding.
     """
-    logits = (packed_logits if packed else padded_logits)(model, batch).float() / batch.temperature
+    if batch.shared is not None:
+        logits = shared_logits(model, batch.shared)
+    else:
+        logits = (packed_logits if packed else padded_logits)(model, batch)
+    logits = logits.float() / batch.temperature
     if batch.truncation is None:
         logprobs = logits.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
             logits, dim=-1

@@ -133,6 +133,10 @@ class AdapterDisabled(nn.Module):
         with torch.no_grad(), policy.disable_adapter():
             return policy(*args, **kwargs)
 
+    def get_base_model(self) -> nn.Module:
+        """The Hugging Face model under the adapters (its config and forward's keywords), like PEFT's."""
+        return self._policy[0].get_base_model()
+
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:  # type: ignore[override]
         return self._policy[0].parameters(recurse)
 
@@ -149,6 +153,10 @@ class Offloaded(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with self.on_device():
             return self.model(*args, **kwargs)
+
+    def get_base_model(self) -> nn.Module:
+        """The wrapped Hugging Face model (its config and forward's keywords), like PEFT's."""
+        return self.model
 
     @contextlib.contextmanager
     def on_device(self) -> Iterator[None]:

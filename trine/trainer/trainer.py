@@ -48,6 +48,7 @@ from trine.algorithms import (
 )
 from trine.config import TrainerConfig
 from trine.models.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches, response_logprobs
+from trine.models.shared_prompt import plan_shared_micro_batches, unsupported_reason
 from trine.trainer.inputs import (
     SAMPLE_INPUTS,
     TOKEN_INPUTS,
@@ -129,6 +130,15 @@ class Trainer:
         """``bf16``: forwards under bfloat16 autocast, float32 weights and loss math (:meth:`autocast`)."""
         self.packed = settings.packed
         """Micro-batches run packed, without padding (:func:`trine.models.batching.packed_logits`)."""
+        self.shared_prompt = settings.shared_prompt
+        """Micro-batches run each distinct prompt once (:meth:`_micro_plan`): True, False or ``auto``."""
+        if self.shared_prompt is not False and (reason := unsupported_reason(model)) is not None:
+            if self.shared_prompt is True:
+                raise ValueError(
+                    f"trainer.shared_prompt: true, but {reason}, which the shared-prompt forward cannot "
+                    "run with; set trainer.shared_prompt: auto (it then stays off) or false"
+                )
+            self.shared_prompt = False
         self.world, self.rank = world()
         """Trainer ranks (:mod:`trine.trainer.ranks`): each runs its share of every step's micro-batches."""
         if self.world > 1:
@@ -323,12 +333,39 @@ class Trainer:
         minis = []
         for start in range(0, len(order), size):
             rows = order[start : start + size]
-            plan = plan_micro_batches([len(exps[i].tokens) for i in rows], self.micro_batch_tokens)
-            every = [collate(exps, [rows[j] for j in p], self.pad_token_id, self.device) for p in plan]
+            plan, shared = self._micro_plan([exps[i] for i in rows])
+            every = [
+                collate(exps, [rows[j] for j in p], self.pad_token_id, self.device, shared_prompt=shared)
+                for p in plan
+            ]
             minis.append(
                 (every, my_share(every, self.world, self.rank, idle_batch) if self.world > 1 else every)
             )
         return minis
+
+    def _micro_plan(self, exps: list[Experience]) -> tuple[list[list[int]], bool]:
+        """A mini-batch's micro-batches (indices into ``exps``) and whether they run the shared-prompt
+        forward: with ``shared_prompt`` on, the shared-prompt plan when every prompt holds >= 2 tokens and
+        (``auto``) it costs fewer tokens than the per-sample plan (each forward counted at the planners'
+        128-token overhead), else the per-sample plan, bucketed by length."""
+        lengths = [len(e.tokens) for e in exps]
+        plan = plan_micro_batches(lengths, self.micro_batch_tokens)
+        if self.shared_prompt is False or any(e.prompt_length < 2 for e in exps):
+            return plan, False
+        shared, cost = plan_shared_micro_batches(
+            [tuple(e.tokens[: e.prompt_length]) for e in exps],
+            [e.prompt_length for e in exps],
+            [e.response_length for e in exps],
+            self.micro_batch_tokens,
+        )
+        if self.shared_prompt == "auto":
+            sizes = [
+                sum(lengths[i] for i in p) if self.packed else len(p) * max(lengths[i] for i in p)
+                for p in plan
+            ]
+            if cost >= sum(sizes) + 128 * len(plan):  # the per-sample plan's cost, same overhead per forward
+                return plan, False
+        return shared, True
 
     def _assemble(self, batches: list[MicroBatch], fn: Any, n: int, width: int) -> Tensor:
         """Run ``fn(batch) -> [B_mb, R_mb]`` on every micro-batch; gather into a right-aligned ``[n, width]``."""

@@ -421,3 +421,76 @@ def test_the_trainer_reads_none_of_the_explorer_side_flags():
             if isinstance(name, str) and name in EXPLORER_FIELDS:
                 found.append(f"{path.name}:{node.lineno} {name}")
     assert not found, f"the trainer branches on explorer-side algorithm fields: {found}"
+
+
+def _same_prompts(experiences: list[Experience]) -> list[Experience]:
+    """Two GRPO groups: every response of ``experiences`` after the first's prompt, and after the third's."""
+    out = []
+    for group, source in (("p", experiences[0]), ("q", experiences[2])):
+        prompt = source.tokens[: source.prompt_length]
+        for e in experiences:
+            out.append(
+                Experience(
+                    tokens=prompt + e.response_tokens,
+                    prompt_length=len(prompt),
+                    action_mask=e.action_mask,
+                    logprobs=e.logprobs,
+                    reward=e.reward,
+                    group_id=group,
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize("budget", [10**6, 40])
+def test_shared_prompt_step_matches_the_per_sample_step(tiny_model_dir, tokenizer, experiences, budget):
+    """The shared-prompt forward (each group's prompt run once, its gradient summed over the group's
+    responses) gives the per-sample step's gradients, update and metrics, also when a small budget cuts
+    the micro-batches (kept group-aligned)."""
+    grouped = _same_prompts(experiences)
+    results = {}
+    for shared in (False, True):
+        trainer = _trainer(
+            tiny_model_dir,
+            tokenizer,
+            shared_prompt=shared,
+            micro_batch_tokens=budget,
+            recompute_logprobs=True,
+        )
+        plan, on = trainer._micro_plan(grouped)
+        assert on is shared
+        if shared and budget < 100:  # several micro-batches, a prompt in several of them
+            assert len(plan) > 1 and max(len(mb) for mb in plan) > 1
+        grads: dict[str, torch.Tensor] = {}
+        step_optimizer = trainer._optimizer_step
+
+        def record(trainer=trainer, grads=grads, step_optimizer=step_optimizer):
+            grads.update({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+            return step_optimizer()
+
+        trainer._optimizer_step = record
+        metrics = trainer.step(grouped)
+        results[shared] = (grads, _state(trainer.model), metrics)
+    (g, w, m), (g_s, w_s, m_s) = results[False], results[True]
+    assert max(float(x.abs().max()) for x in g.values()) > 1e-2
+    for name in g:
+        torch.testing.assert_close(g_s[name], g[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert _max_diff(w_s, w) < 1e-5
+    for key in ("trainer/loss", "trainer/clipfrac", "trainer/approx_kl", "trainer/entropy"):
+        assert m_s[key] == pytest.approx(m[key], abs=1e-5), key
+
+
+def test_shared_prompt_auto_runs_it_where_it_saves_tokens(tiny_model_dir, tokenizer, experiences):
+    from trine.trainer.policy import prepare_policy
+
+    trainer = _trainer(tiny_model_dir, tokenizer)
+    assert trainer.shared_prompt == "auto"
+    assert trainer._micro_plan(_same_prompts(experiences))[1] is True
+    assert trainer._micro_plan(experiences)[1] is False  # five different prompts: nothing to share
+    model = load_model(tiny_model_dir)
+    prepare_policy(model, gradient_checkpointing=True)
+    with pytest.raises(ValueError, match="shared_prompt: true, but gradient checkpointing is on"):
+        Trainer(model, PRESETS["grpo"], TrainerConfig(shared_prompt=True), pad_token_id=0)
+    assert Trainer(model, PRESETS["grpo"], TrainerConfig(), pad_token_id=0).shared_prompt is False
+    with pytest.raises(ValueError, match="shared_prompt: true with trainer.fsdp"):
+        TrainerConfig(shared_prompt=True, fsdp=True)
