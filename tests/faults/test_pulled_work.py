@@ -44,29 +44,30 @@ class LatencyEnvironment(SingleTurnWorkflow):
 '''
 
 
+def _setup(tmp_path: Path, model: Path, name: str, explorer: dict, steps: int = STEPS) -> tuple[Path, Path]:
+    """The latency plugin file and an async processes config over it (``explorer``: that section)."""
+    plugin = tmp_path / "latency_env.py"
+    plugin.write_text(PLUGIN)
+    overrides = {
+        "mode": "async",
+        "launch": "processes",
+        "tasks": {
+            "batch_size": 4,
+            "total_steps": steps,
+            "train": {"repeat": 2, "workflow": "latency_env", "workflow_args": {"latency": LATENCY}},
+        },
+        "trainer": {"batch_size": 8},
+        "buffer": {"storage": "sql"},
+        "explorer": explorer,
+        "sync": {"wait_timeout": 120},
+    }
+    return plugin, write_arithmetic_config(tmp_path, model, name, overrides)
+
+
 def _run(tmp_path: Path, model: Path, name: str, slowdowns: list[float]) -> dict[str, list[float]]:
     """A trainer and one explorer process per entry of ``slowdowns``, until the trainer's ``STEPS``; the
     ``done_at`` times of the tasks each explorer put."""
-    plugin = tmp_path / "latency_env.py"
-    plugin.write_text(PLUGIN)
-    config = write_arithmetic_config(
-        tmp_path,
-        model,
-        name,
-        {
-            "mode": "async",
-            "launch": "processes",
-            "tasks": {
-                "batch_size": 4,
-                "total_steps": STEPS,
-                "train": {"repeat": 2, "workflow": "latency_env", "workflow_args": {"latency": LATENCY}},
-            },
-            "trainer": {"batch_size": 8},
-            "buffer": {"storage": "sql"},
-            "explorer": {"instances": len(slowdowns)},
-            "sync": {"wait_timeout": 120},
-        },
-    )
+    plugin, config = _setup(tmp_path, model, name, {"instances": len(slowdowns)})
     base = [sys.executable, "-m", "trine.cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     n = str(len(slowdowns))
@@ -125,22 +126,7 @@ def test_a_killed_explorers_claims_expire_and_the_other_takes_them(tmp_path, tin
     import signal
     import time
 
-    plugin = tmp_path / "latency_env.py"
-    plugin.write_text(PLUGIN)
-    overrides = {
-        "mode": "async",
-        "launch": "processes",
-        "tasks": {
-            "batch_size": 4,
-            "total_steps": 12,
-            "train": {"repeat": 2, "workflow": "latency_env", "workflow_args": {"latency": LATENCY}},
-        },
-        "trainer": {"batch_size": 8},
-        "buffer": {"storage": "sql"},
-        "explorer": {"instances": 2, "lease_seconds": 3},
-        "sync": {"wait_timeout": 120},
-    }
-    config = write_arithmetic_config(tmp_path, tiny_model_dir, "lease", overrides)
+    plugin, config = _setup(tmp_path, tiny_model_dir, "lease", {"instances": 2, "lease_seconds": 3}, steps=12)
     base = [sys.executable, "-m", "trine.cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     common = ["--plugin", str(plugin), "--explorers", "2"]
