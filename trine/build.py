@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from trine import registry
 from trine.config import ExplorerConfig, RunConfig, TasksetConfig, TrainerConfig
 from trine.explorer.evaluator import Evaluator
-from trine.explorer.side import ExpertRows, ExplorerSide, Shaping
+from trine.explorer.side import ExpertRows, ExplorerSide, Shaping, StaleRetry
 from trine.stage import Stage
 from trine.trainer.side import TrainerSide
 from trine.trainer.sources import BufferSource, SupervisedSource
@@ -495,7 +495,16 @@ def _make_explorer_side(
         expert=expert,
         producer=producer,
         batches=buffer.produced(producer) if producer is not None else 0,
+        stale=_stale_retry(cfg),
     )
+
+
+def _stale_retry(cfg: RunConfig) -> StaleRetry | None:
+    """Mode async with a staleness bound: explore again the tasks whose rows were dropped as stale."""
+    b = cfg.buffer
+    if cfg.mode != "async" or b.max_staleness is None:
+        return None
+    return StaleRetry(b.stale_retries, b.max_staleness)
 
 
 def build_evaluator(cfg: RunConfig, explorer: Any) -> Evaluator:

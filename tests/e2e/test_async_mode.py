@@ -98,10 +98,12 @@ def test_async_settings_are_checked_at_validate_time(tmp_path, tiny_model_dir):
     assert "explorer.partial_rollout=True is read by mode async only" in both
     recompute = errors(mode="async", explorer={"partial_rollout": True}, trainer={"recompute_logprobs": True})
     assert "trainer.recompute_logprobs=true would replace them" in recompute
+    streams = errors(mode="async", launch="processes", buffer={"storage": "sql"}, explorer={"oversample": 2})
+    assert streams == ""  # explorer processes stream too
     processes = errors(
-        mode="async", launch="processes", buffer={"storage": "sql"}, explorer={"oversample": 2}
+        mode="async", launch="processes", buffer={"storage": "sql"}, explorer={"partial_rollout": True}
     )
-    assert "explorer processes explore whole batches" in processes
+    assert "explorer processes load new weights between generations" in processes
     (cfg,), problems = validate_dict(
         {
             "mode": "async",
@@ -222,3 +224,34 @@ def test_multi_taskset_weights_keep_working_in_async(tmp_path, tiny_model_dir):
     per_taskset = collections.Counter(e.task_id.split("/")[0] for e, _ in read_rows(tmp_path / "mixed"))
     assert set(per_taskset) == {"add", "mul"}
     assert per_taskset["add"] > per_taskset["mul"]  # weights 3 : 1 (by tasks drawn, not exactly)
+
+
+def test_a_task_dropped_as_stale_is_explored_again_with_newer_weights(tmp_path, tiny_model_dir):
+    """The first task takes 1 s: with a tail batch the others go on without it and the trainer moves past
+    ``max_staleness`` (0), so its rows are dropped as stale when they arrive; the explorer explores it again
+    (``buffer.stale_retries``) with newer weights and those rows are trained."""
+    import sqlite3
+
+    slow = importlib.import_module(HERE).SlowForOneTask
+    slow.started, slow.delay = 0, 1.0  # a few trainer steps: the tiny model's take ~0.05 s
+    train = {"workflow": f"{HERE}:SlowForOneTask"}
+    over = {"tasks": {"total_steps": 30, "train": train}, "buffer": {"storage": "sql", "max_staleness": 0}}
+    cfg = _config(tmp_path, tiny_model_dir, name="retry", explorer={"tail_seconds": 0.2}, **over)
+    try:
+        run(load_config(cfg))
+    finally:
+        slow.delay = 3.0
+    rows = [r for r in read_metrics(tmp_path / "retry") if "trainer/loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    assert sum(r.get("explorer/tasks_retried", 0) * r.get("explorer/batches", 1) for r in rows) >= 1
+    db = sqlite3.connect(tmp_path / "retry" / "buffer.db")
+    dropped = db.execute(
+        "SELECT task_id, MAX(task_seq) FROM experiences WHERE reward_status = 'dropped' GROUP BY task_id"
+    ).fetchall()
+    assert dropped, "the slow task's rows should have been dropped as stale"
+    (task, seq), *_ = dropped
+    again = db.execute(
+        "SELECT MIN(policy_version) FROM experiences WHERE task_id = ? AND consumed_at IS NOT NULL AND task_seq > ?",
+        (task, seq),
+    ).fetchone()[0]
+    assert again is not None and again >= 1, "the slow task, explored again, should have been trained"

@@ -81,6 +81,10 @@ class MemoryBuffer:
         """Explored batches not taken by ``get(None)`` yet: batch id -> size, oldest first."""
         self._next_batch = 1
         """Id of the next explored batch (one per ``put``)."""
+        self._tasks: dict[int, list[int]] = {}
+        """Tasks with rows here (``info["task_seq"]``) -> [rows stored, rows handed out, rows dropped stale]."""
+        self._stale_tasks: list[int] = []
+        """Tasks whose rows were all dropped as stale, not yet taken (:meth:`take_stale_tasks`)."""
 
     # -- changes of state -------------------------------------------------------------------------
 
@@ -91,6 +95,7 @@ class MemoryBuffer:
         """Forget every experience and counter (a persistent subclass then replays its log)."""
         self._ready, self._pending, self._seq = {}, {}, 0
         self._batches, self._next_batch = {}, 1
+        self._tasks, self._stale_tasks = {}, []
         self.dropped_stale = self.consumed = self.pending_expired = self.gets = 0
         self.last_batch = {}
 
@@ -102,6 +107,23 @@ class MemoryBuffer:
         slot = _Slot(e, self._seq, self.clock())
         self._seq += 1
         (self._pending if e.reward is None else self._ready)[e.id] = slot
+        if (task := e.info.get("task_seq")) is not None:
+            self._tasks.setdefault(int(task), [0, 0, 0])[0] += 1
+
+    def _gone(self, slot: _Slot | None, how: int | None = None) -> None:
+        """``slot`` left the buffer (``how``: 1 handed out, 2 dropped as stale, None otherwise); a task all of
+        whose rows were dropped as stale joins :attr:`_stale_tasks`."""
+        task = None if slot is None else slot.exp.info.get("task_seq")
+        if task is None or int(task) not in self._tasks:
+            return
+        counts = self._tasks[int(task)]
+        counts[0] -= 1
+        if how is not None:
+            counts[how] += 1
+        if counts[0] <= 0:
+            del self._tasks[int(task)]
+            if counts[2] and not counts[1]:
+                self._stale_tasks.append(int(task))
 
     def _fill(self, exp_id: str, reward: float) -> None:
         slot = self._pending.pop(exp_id, None)
@@ -117,13 +139,13 @@ class MemoryBuffer:
         elif kind == "expired":
             for exp_id in event["ids"]:
                 if event["reward"] is None:
-                    self._pending.pop(exp_id, None)
+                    self._gone(self._pending.pop(exp_id, None))
                 else:
                     self._fill(exp_id, event["reward"])
             self.pending_expired += len(event["ids"])
         elif kind == "dropped":
             for exp_id in event["ids"]:
-                self._ready.pop(exp_id, None)
+                self._gone(self._ready.pop(exp_id, None), 2)
             self.dropped_stale += len(event["ids"])
         elif kind == "batch":  # one put: an explored batch of "size" experiences
             self._batches[int(event["batch"])] = int(event["size"])
@@ -139,7 +161,9 @@ class MemoryBuffer:
                     continue
                 slot.uses, slot.last_get = slot.uses + 1, self.gets
                 if kind == "consumed" or slot.uses >= self.rules.reuse_limit:
-                    del self._ready[exp_id]
+                    self._gone(self._ready.pop(exp_id), 1)
+                elif (task := slot.exp.info.get("task_seq")) is not None and int(task) in self._tasks:
+                    self._tasks[int(task)][1] += 1  # handed out, may be handed out again
 
     # -- the Buffer protocol ----------------------------------------------------------------------
 
@@ -162,7 +186,7 @@ class MemoryBuffer:
             self._apply(batch)
             excess = 0 if self.capacity is None else len(self._ready) - self.capacity
             for slot in sorted(self._ready.values(), key=lambda s: s.seq)[: max(excess, 0)]:
-                del self._ready[slot.exp.id]
+                self._gone(self._ready.pop(slot.exp.id))
             self._cond.notify_all()
 
     def set_rewards(self, rewards: dict[Any, float]) -> int:
@@ -318,6 +342,14 @@ class MemoryBuffer:
                 out["buffer/pending_expired"] = float(self.pending_expired)
             return {**out, **self.last_batch}
 
+    def take_stale_tasks(self) -> list[int]:
+        """The tasks (``info["task_seq"]`` of their rows) whose rows were all dropped as stale, none handed
+        out, since the last call: a streaming explorer explores them again (``buffer.stale_retries``). An
+        optional method of a storage (:meth:`trine.explorer.side.ExplorerSide.requeue` asks for it)."""
+        with self._cond:
+            out, self._stale_tasks = self._stale_tasks, []
+            return out
+
     def _counters(self) -> dict[str, Any]:
         return {
             "dropped_stale": self.dropped_stale,
@@ -325,6 +357,8 @@ class MemoryBuffer:
             "pending_expired": self.pending_expired,
             "gets": self.gets,
             "last_batch": dict(self.last_batch),
+            "tasks": {str(k): list(v) for k, v in self._tasks.items()},
+            "stale_tasks": list(self._stale_tasks),
         }
 
     def _load_counters(self, state: dict[str, Any]) -> None:
@@ -333,6 +367,9 @@ class MemoryBuffer:
         self.pending_expired = int(state.get("pending_expired", self.pending_expired))
         self.gets = int(state.get("gets", self.gets))
         self.last_batch = dict(state.get("last_batch", self.last_batch))
+        if "tasks" in state:  # a state from before task reports rebuilds them from its rows
+            self._tasks = {int(k): list(v) for k, v in state["tasks"].items()}
+            self._stale_tasks = [int(t) for t in state.get("stale_tasks", [])]
 
     def state_dict(self) -> dict[str, Any]:
         """Experiences, their use counts, the explored batches not taken yet (``batches``: ``[id,
@@ -361,6 +398,10 @@ class MemoryBuffer:
                     self._seq = max(self._seq, seq) + 1
             self._batches = {int(b): int(size) for b, size in sorted(state.get("batches", []))}
             self._next_batch = int(state.get("next_batch", max(self._batches, default=0) + 1))
+            self._tasks, self._stale_tasks = {}, []
+            for slot in [*self._ready.values(), *self._pending.values()]:
+                if (task := slot.exp.info.get("task_seq")) is not None:
+                    self._tasks.setdefault(int(task), [0, 0, 0])[0] += 1
             self._load_counters(state)
 
     def close(self) -> None:

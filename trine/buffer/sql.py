@@ -127,6 +127,7 @@ class SQLBuffer:
         """Ledger tasks this object's ``get`` calls opened again because their rows were dropped as stale."""
         self.tasks_lost = 0
         """Ledger tasks dropped as stale more than ``rules.stale_retries`` times by this object's ``get`` calls."""
+        self._stale_tasks: list[int] = []
         self.taken_over = 0
         """Rows this object's puts left out: their task's claim had expired and another explorer took it."""
         self.last_batch: dict[str, float] = {}
@@ -384,7 +385,7 @@ class SQLBuffer:
 
         _, write = self._engines()
         t, rules = self._table, self.rules
-        rows, expired, dropped, retried, lost = None, 0, 0, 0, 0
+        rows, expired, dropped, retried, lost, orphans = None, 0, 0, 0, 0, []
         try:
             with write.begin() as conn:
                 if self._serialized():
@@ -400,7 +401,9 @@ class SQLBuffer:
                 expired = q.expire_pending(conn, t, rules, now)
                 stale = q.stale_tasks(conn, t, floor)
                 dropped = q.drop_stale(conn, t, floor)
-                retried, lost = ledger.requeue_stale(conn, t, self._tasks, stale, rules.stale_retries)
+                retried, lost, orphans = ledger.requeue_stale(
+                    conn, t, self._tasks, stale, rules.stale_retries
+                )
                 number = q.next_get(conn, t) if rules.replay else None
                 rows = q.choose(conn, t, rules, size, floor, number)
                 if rows is not None:
@@ -414,6 +417,7 @@ class SQLBuffer:
             self.pending_expired += expired
             self.tasks_retried += retried
             self.tasks_lost += lost
+            self._stale_tasks += orphans
         return None if rows is None else (rows, [r.use_count + 1 for r in rows])
 
     def _serialized(self) -> bool:
@@ -551,6 +555,13 @@ class SQLBuffer:
                 return ledger.release(conn, self._tasks, owner)
 
         return self._retry(release, what="release claims")
+
+    def take_stale_tasks(self) -> list[int]:
+        """Tasks not in the ledger whose rows this object's gets dropped all as stale, since the last call
+        (as :meth:`MemoryBuffer.take_stale_tasks <trine.buffer.memory.MemoryBuffer.take_stale_tasks>`)."""
+        with self._lock:
+            out, self._stale_tasks = self._stale_tasks, []
+            return out
 
     def task_counts(self) -> dict[str, int]:
         """Ledger tasks by state, for every explorer (:func:`sql_tasks.counts`)."""

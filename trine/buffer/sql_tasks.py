@@ -148,16 +148,17 @@ def release(conn: Any, tt: Any, owner: str) -> int:
     return conn.execute(stmt).rowcount
 
 
-def requeue_stale(conn: Any, t: Any, tt: Any, seqs: set[int], max_retries: int) -> tuple[int, int]:
+def requeue_stale(conn: Any, t: Any, tt: Any, seqs: set[int], max_retries: int) -> tuple[int, int, list[int]]:
     """Tasks ``seqs`` had rows dropped as stale: each whose rows are now all dropped (none trained, ready or
     pending) is opened again, to be explored with newer weights, or marked lost after ``max_retries``
-    retries. Returns (retried, lost)."""
+    retries. Returns (retried, lost, the tasks all of whose rows were dropped but that are not in the
+    ledger: an explorer in one process retries those itself, :meth:`SQLBuffer.take_stale_tasks`)."""
     import sqlalchemy as sa
 
     from trine.buffer.sql_schema import DROPPED, ROLLED_BACK
 
     if not seqs:
-        return 0, 0
+        return 0, 0, []
     alive = (t.c.reward_status.not_in((DROPPED, ROLLED_BACK))) | (
         t.c.consumed_at.is_not(None) & (t.c.reward_status != ROLLED_BACK)
     )
@@ -165,9 +166,11 @@ def requeue_stale(conn: Any, t: Any, tt: Any, seqs: set[int], max_retries: int) 
         r[0] for r in conn.execute(sa.select(t.c.task_seq).where(t.c.task_seq.in_(seqs), alive).distinct())
     }
     gone = sorted(seqs - kept)
-    retried = lost = 0
+    retried, lost, orphans = 0, 0, []
     for seq in gone:
         row = conn.execute(sa.select(tt.c.retries, tt.c.state).where(tt.c.seq == seq)).first()
+        if row is None:
+            orphans.append(seq)
         if row is None or row.state != DONE:
             continue
         if row.retries < max_retries:
@@ -176,7 +179,7 @@ def requeue_stale(conn: Any, t: Any, tt: Any, seqs: set[int], max_retries: int) 
         else:
             values, lost = {"state": LOST}, lost + 1
         conn.execute(sa.update(tt).where(tt.c.seq == seq).values(**values))
-    return retried, lost
+    return retried, lost, orphans
 
 
 def counts(conn: Any, tt: Any, now: float) -> dict[str, int]:

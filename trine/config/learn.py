@@ -41,9 +41,10 @@ class BufferRules(Section):
     max_staleness: NonNegInt | None = None
     """Drop (and count) experiences more than this many versions older than the trainer's."""
     stale_retries: NonNegInt = 2
-    """Explorer processes (``launch: processes`` / ``ray``): a task whose rows were all dropped by
-    ``max_staleness`` is explored again with newer weights, up to this many times
-    (``buffer/tasks_retried``), then counted lost (``buffer/tasks_lost``); never silently lost."""
+    """Mode async: a task whose rows were all dropped by ``max_staleness`` is explored again with newer
+    weights, up to this many times, then counted lost; never silently lost. Counted in
+    ``explorer/tasks_retried`` / ``explorer/tasks_lost`` (one process) or ``buffer/tasks_retried`` /
+    ``buffer/tasks_lost`` (explorer processes, through the buffer's task ledger)."""
     pending_timeout: Positive | None = None
     """Seconds a pending (reward=None) experience may wait for its reward."""
     pending_action: Literal["drop", "default"] = "drop"

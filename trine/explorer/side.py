@@ -54,6 +54,17 @@ class ExpertRows:
         return rows
 
 
+@dataclass(frozen=True)
+class StaleRetry:
+    """Tasks whose rows the trainer dropped as stale are explored again (a streaming explorer in one
+    process; explorer processes retry through the buffer's task ledger)."""
+
+    limit: int
+    """``buffer.stale_retries``: times a task is explored again before it counts as lost."""
+    max_staleness: int
+    """``buffer.max_staleness``: how long a task's rows may still be dropped (:meth:`ExplorerSide.requeue`)."""
+
+
 EXPLORING = "exploring"
 PACED = "paced (staleness bound)"
 WEIGHTS = "waiting for weights"
@@ -111,7 +122,19 @@ class ExplorerSide:
     claims: TaskClaims | None = None
     """An explorer process's tasks, pulled from the shared buffer's task ledger instead of drawn from
     :attr:`scheduler` (:mod:`trine.explorer.claims`); None in one process."""
+    stale: StaleRetry | None = None
+    """In one process with a staleness bound: explore again the tasks whose rows were dropped as stale."""
+    tasks_retried: int = 0
+    """Tasks explored again (rows dropped as stale) since the last batch report."""
+    tasks_lost: int = 0
+    """Tasks dropped as stale more than ``stale.limit`` times since the last batch report."""
     _settled: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    _next_task: int = 0
+    _sent: dict[int, list[Any]] = field(default_factory=dict, repr=False)
+    """Tasks put whose rows may still be dropped as stale: number -> [task, version, retries so far, the
+    trainer version after which they no longer can (None until :meth:`requeue` first sees it)]."""
+    _retries: dict[int, int] = field(default_factory=dict, repr=False)
+    """Retries of the tasks being explored again, by ``id``."""
     _started: dict[int, Task] = field(default_factory=dict, repr=False)
 
     @property
@@ -184,6 +207,35 @@ class ExplorerSide:
         explorer's (0 in one process)."""
         return 0 if self.claims is None else self.claims.others_in_flight()
 
+    def requeue(self, trainer_version: int) -> list[Task]:
+        """The tasks to explore again because the buffer dropped all their rows as stale (``stale``), each
+        recorded as started; a task past ``stale.limit`` retries counts as lost. Forgets the tasks whose
+        rows can no longer be dropped: every get drops the rows below its floor, so once the trainer is 2
+        versions past both the version at which it first saw them and ``version + max_staleness + 1``,
+        they were trained or dropped (and reported)."""
+        if self.stale is None or self.claims is not None:  # explorer processes: the ledger retries them
+            return []
+        again = []
+        take = getattr(self.buffer, "take_stale_tasks", None)  # the built-in storages; optional for plugins
+        for seq in take() if take is not None else []:
+            if (entry := self._sent.pop(seq, None)) is None:
+                continue
+            task, _, retries, _ = entry
+            if retries < self.stale.limit:
+                self._retries[id(task)] = retries + 1
+                again.append(task)
+                self.tasks_retried += 1
+            else:
+                self.tasks_lost += 1
+        for seq, entry in list(self._sent.items()):
+            if entry[3] is None:
+                entry[3] = max(trainer_version, entry[1] + self.stale.max_staleness + 1) + 2
+            elif entry[3] < trainer_version:
+                del self._sent[seq]
+        with self.gate:
+            self._started.update((id(t), t) for t in again)
+        return again
+
     def take_unfinished(self) -> list[Task]:
         """The tasks a restored checkpoint had drawn but not put (a resumed stream runs them first),
         recorded as started again; :attr:`unfinished` is emptied."""
@@ -203,13 +255,19 @@ class ExplorerSide:
             self._started.update((id(t), t) for t in tasks)
         return tasks
 
-    def release(self, done: list[tuple[Task, Any, Any]]) -> None:
-        """Forget the tasks of ``done`` (finished ``(task, outcome, stats)``, their batch is being put) as
-        started; claimed ones tag their rows with their place in the stream (``info["task_seq"]``) and
-        are put with their claims (call under :attr:`gate`)."""
-        for task, (experiences, _, _), _ in done:
+    def release(self, done: list[tuple[Task, Any, Any]], versions: list[int]) -> None:
+        """Forget the tasks of ``done`` (finished ``(task, outcome, stats)`` sampled with weights
+        ``versions``, their batch is being put) as started. Their rows are tagged with the task's number
+        (``info["task_seq"]``): its place in the stream for claimed tasks, put with their claims; in one
+        process, a number of this explorer's, remembered until the rows can no longer be dropped as stale
+        (:meth:`requeue`). Call under :attr:`gate`."""
+        for (task, (experiences, _, _), _), version in zip(done, versions):
             self._started.pop(id(task), None)
-            if self.claims is not None and (seq := self.claims.seq(task)) is not None:
+            seq = self.claims.seq(task) if self.claims is not None else None
+            if self.claims is None and self.stale is not None:
+                seq, self._next_task = self._next_task, self._next_task + 1
+                self._sent[seq] = [task, version, self._retries.pop(id(task), 0), None]
+            if seq is not None:
                 for e in experiences:
                     e.info["task_seq"] = seq
         if self.claims is not None:
@@ -277,6 +335,8 @@ class ExplorerSide:
             "batches": self.batches,
             "reports": list(self.reports),
             "unfinished": list(self._started.values()),
+            "sent": [[seq, *entry] for seq, entry in self._sent.items()],
+            "next_task": self._next_task,
             "buffer": self.buffer.state_dict(),
             "engine": self.engine.state_dict(),
             "sync": self.sync.state_dict(),
@@ -291,6 +351,8 @@ class ExplorerSide:
         self.batches = int(state["batches"])
         self.reports = deque(state["reports"])
         self.unfinished = list(state.get("unfinished", []))
+        self._sent = {int(entry[0]): list(entry[1:]) for entry in state.get("sent", [])}
+        self._next_task = int(state.get("next_task", 0))
         self.buffer.load_state_dict(state["buffer"])
         self.engine.load_state_dict(state["engine"])
         self.sync.load_state_dict(state["sync"])

@@ -91,6 +91,7 @@ async def _stream(
     while not stop.is_set():
         if side.claims is not None:  # an explorer process keeps its claims while it runs them
             side.claims.renew()
+        flight.drawn.extendleft(reversed(side.requeue(trainer_at())))  # dropped as stale: first in line
         deferred += flight.defer_late()
         version = side.newest_version()
         if produce.partial_rollout and version != side.engine.policy_version:
@@ -214,9 +215,9 @@ def _put_batch(
     side: ExplorerSide, batch: list[tuple[Any, int]], seconds: float, paced: float, deferred: int
 ) -> None:
     """Finished tasks ``(outcome, version)`` as the side's next batch, through its produce pipeline."""
-    side.release([done for done, _ in batch])
-    index = side.batches
     versions = [v for _, v in batch]
+    side.release([done for done, _ in batch], versions)
+    index = side.batches
     experiences, metrics = side.explorer.assemble([d for d, _ in batch], index, versions, seconds)
     partial = sum(1 for e in experiences if e.info.get("version_spread"))
     newest = max([*versions, *(e.policy_version + e.info.get("version_spread", 0) for e in experiences)])
@@ -227,4 +228,12 @@ def _put_batch(
         "explorer/partial_samples": float(partial),
         "explorer/tail_deferred": float(deferred),
     }
+    if side.stale is not None and side.claims is None:
+        extra.update(
+            {
+                "explorer/tasks_retried": float(side.tasks_retried),
+                "explorer/tasks_lost": float(side.tasks_lost),
+            }
+        )
+        side.tasks_retried = side.tasks_lost = 0
     side.finish_batch(experiences, metrics, index, min(versions), refill=False, extra=extra)

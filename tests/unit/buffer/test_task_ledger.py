@@ -175,3 +175,47 @@ def test_a_rewind_keeps_rows_dropped_as_stale_whose_task_was_explored_again(make
     # the first task's dropped rows stay dropped, its new rows stand for it
     assert buffer.last_rewind["restored"] == 3 and len(buffer) == 3 + 2
     assert buffer.task_counts() == {"claimed": 0, "done": 2, "open": 0, "lost": 0, "retried": 1}
+
+
+@pytest.fixture(params=["memory", "file", "sqlite"])
+def any_buffer(request, tmp_path):
+    """``any_buffer(rules)``: each built-in storage, for the stale-task reports of an explorer in one process."""
+    from trine.buffer import FileBuffer, MemoryBuffer
+
+    def build(rules: SamplingRules):
+        if request.param == "memory":
+            return MemoryBuffer(rules=rules)
+        if request.param == "file":
+            return FileBuffer(tmp_path / "b.jsonl", rules=rules)
+        return SQLBuffer(tmp_path / "b.db", rules=rules)
+
+    return build
+
+
+def _task_rows(task: int, version: int, n: int = 2) -> list:
+    return [exp(100 * task + k, version=version, info={"task_seq": task}) for k in range(n)]
+
+
+def test_a_task_all_of_whose_rows_were_dropped_as_stale_is_reported_once(any_buffer):
+    """What a streaming explorer in one process retries (:meth:`ExplorerSide.requeue`): a task whose rows
+    were all dropped as stale, none trained; not one trained in part, nor rows without a task number."""
+    buffer = any_buffer(SamplingRules(max_staleness=1))
+    buffer.put(_task_rows(1, version=0) + _task_rows(2, version=3) + [exp(7, version=0)])
+    buffer.get(1, current_version=3, timeout=1)  # drops task 1's rows and the untagged row; takes one of 2's
+    assert buffer.take_stale_tasks() == [1] and buffer.take_stale_tasks() == []
+    buffer.put(_task_rows(3, version=4))
+    buffer.get(2, current_version=5, timeout=1)  # task 2's other row is dropped, task 3 taken
+    assert buffer.take_stale_tasks() == []  # task 2 was trained in part: not explored again
+
+
+def test_stale_task_reports_survive_a_checkpoint():
+    from trine.buffer import MemoryBuffer
+
+    buffer = MemoryBuffer(rules=SamplingRules(max_staleness=0))
+    buffer.put(_task_rows(1, version=0) + _task_rows(2, version=0) + [exp(9, version=2)])
+    state = buffer.state_dict()
+    buffer.get(1, current_version=2, timeout=1)
+    restored = MemoryBuffer(rules=SamplingRules(max_staleness=0))
+    restored.load_state_dict(state)
+    restored.get(1, current_version=2, timeout=1)
+    assert sorted(restored.take_stale_tasks()) == sorted(buffer.take_stale_tasks()) == [1, 2]
