@@ -349,12 +349,18 @@ class Explorer:
         return self._workflows[key]
 
     def _score_fn(self, name: str, args: dict[str, Any]):
-        from trine.rewards import evaluate_reward
+        from trine.rewards import INLINE_REWARDS, evaluate_reward
 
         fn = registry.resolve("reward", name)
         timeout, pool = self.reward_timeout, self.pool
         if _takes(fn, "models"):  # e.g. llm_judge: auxiliary models, called from the reward's thread
             args = {**args, "models": self.auxiliary}
+        if fn in INLINE_REWARDS:  # linear-time built-ins: no thread hand-off
+
+            async def inline(response: str, task: Task) -> tuple[float, dict[str, float]]:
+                return evaluate_reward(fn, response, task, args)
+
+            return inline
 
         async def score(response: str, task: Task) -> tuple[float, dict[str, float]]:
             try:

@@ -52,6 +52,11 @@ REWARDS: dict[str, Callable[..., float | dict[str, float]]] = {
     "reasoning_gym": reasoning_gym_reward,
 }
 
+INLINE_REWARDS: frozenset[Callable[..., Any]] = frozenset({exact_match, numeric_match})
+"""Built-in rewards that run in time linear in the response (fixed patterns, no I/O) and never block: the
+explorer calls them on its event loop instead of handing each call to a worker thread (a hand-off costs
+more than the call). Every other reward runs in a worker thread under ``explorer.reward_timeout``."""
+
 
 def _reward_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None)

@@ -449,3 +449,32 @@ def test_answers_whose_reward_fails_count_as_failures_and_stop_the_run(engine, c
         in message
     )
     assert "explorer.max_skip_ratio=0.5" in message and "fix the workflow or reward" in message
+
+
+def test_linear_time_built_in_rewards_run_on_the_event_loop_and_others_in_a_worker_thread(engine):
+    """``INLINE_REWARDS`` (exact_match, numeric_match) skip the hand-off to a worker thread; any other
+    reward runs in one, under ``explorer.reward_timeout``."""
+    import asyncio
+    import threading
+
+    from trine.rewards import INLINE_REWARDS, exact_match
+
+    explorer = Explorer(engine)
+    seen: list[str] = []
+
+    def recording(response, task):
+        seen.append(threading.current_thread().name)
+        return exact_match(response, task)
+
+    registry.register("reward", "test_recording")(recording)
+    task = Task(task_id="t", question="1+1?", answer="2")
+
+    async def both():
+        inline = await explorer._score_fn("exact_match", {})("2", task)
+        threaded = await explorer._score_fn("test_recording", {})("3", task)
+        return inline, threaded, threading.current_thread().name
+
+    inline, threaded, loop_thread = asyncio.run(both())
+    assert exact_match in INLINE_REWARDS and inline == (1.0, {}) and threaded == (0.0, {})
+    assert seen and seen[0] != loop_thread and seen[0].startswith("trine-blocking")
+    explorer.close()
