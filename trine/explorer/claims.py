@@ -12,8 +12,10 @@ trainer dropped as stale come back through the ledger too (``buffer.stale_retrie
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from trine.types import Task
@@ -78,7 +80,12 @@ class TaskClaims:
 
     def claim(self, n: int) -> list[Task]:
         """Up to ``n`` tasks to explore now; [] when the stream has run out and no task is open."""
-        claims = self.buffer.claim_tasks(self.owner, n, self.lease, self.stream)
+        # each claim its own Task object: a taskset hands out the same object in every epoch, and two claims
+        # of one row in flight at once must not share the id that :attr:`held` knows them by
+        claims = [
+            replace(c, task=copy.copy(c.task))
+            for c in self.buffer.claim_tasks(self.owner, n, self.lease, self.stream)
+        ]
         for c in claims:
             self.held[id(c.task)] = c
             self.retried += c.retries > 0

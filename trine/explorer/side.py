@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -251,7 +252,8 @@ class ExplorerSide:
             self.claims.renew()
             return self.claims.claim(n)
         with self.gate:  # a checkpoint sees the cursor and the open tasks together
-            tasks = self.scheduler.next_batch(n)
+            # each its own object: a taskset hands out the same one in every epoch (known here by its id)
+            tasks = [copy.copy(t) for t in self.scheduler.next_batch(n)]
             self._started.update((id(t), t) for t in tasks)
         return tasks
 

@@ -219,3 +219,16 @@ def test_stale_task_reports_survive_a_checkpoint():
     restored.load_state_dict(state)
     restored.get(1, current_version=2, timeout=1)
     assert sorted(restored.take_stale_tasks()) == sorted(buffer.take_stale_tasks()) == [1, 2]
+
+
+def test_the_same_row_claimed_twice_in_flight_is_held_twice(make):
+    """A taskset hands out the same Task object in every epoch: two claims of one row in flight at once are
+    still two claims (held apart, put apart), not one that hides the other until its lease runs out."""
+    buffer = make()
+    two = TaskScheduler(TASKS[:2], seed=0, epochs=3)
+    claims = TaskClaims(buffer, TaskStream(two, 2, "explorer-0"), "explorer-0", 60)
+    tasks = claims.claim(4)  # rows 0, 1 of epoch 0 and again of epoch 1
+    assert len({t.task_id for t in tasks}) == 2 and len(claims.held) == 4
+    assert claims.others_in_flight() == 0
+    buffer.put(rows_of(claims, tasks), producer="explorer-0", producer_batch=0, claims=claims.finish(tasks))
+    assert buffer.task_counts()["done"] == 4 and not claims.held
