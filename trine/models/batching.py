@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from trine.models.sampling import truncated_logprobs
-from trine.models.shared_prompt import SharedLayout, shared_layout, shared_logits
+from trine.models.shared_prompt import SharedLayout, plan_shared_micro_batches, shared_layout, shared_logits
 from trine.types import Experience
 
 
@@ -41,6 +41,15 @@ class MicroBatch:
     @property
     def padded_tokens(self) -> int:
         return self.input_ids.numel()
+
+    @property
+    def forward_tokens(self) -> tuple[int, int]:
+        """``(real, run)``: the tokens the forward runs over for this micro-batch, without and with its
+        pads: the left-padded rows, or with a shared layout its prefix and segment rows (each prompt once)."""
+        if self.shared is None:
+            return self.num_tokens, self.padded_tokens
+        real = int(self.shared.prefix_mask.sum()) + int(self.shared.segment_mask.sum())
+        return real, self.shared.forward_tokens
 
 
 def plan_micro_batches(lengths: list[int], token_budget: int, overhead_tokens: int = 128) -> list[list[int]]:
@@ -134,6 +143,37 @@ def collate(
     )
 
 
+def choose_micro_batches(
+    prompts: list[list[int]],
+    responses: list[int],
+    token_budget: int,
+    mode: bool | str = "auto",
+    packed: bool = False,
+) -> tuple[list[list[int]], bool]:
+    """The micro-batches (row indices) of rows with these ``prompts`` (token lists) and ``responses``
+    (lengths), and whether they run the shared-prompt forward — the one rule of the trainer, DPO pairs and
+    response scoring (a teacher's logprobs).
+
+    ``mode`` False: the per-sample plan (:func:`plan_micro_batches`, bucketed by
+    length). True or ``"auto"``: the shared-prompt plan (:func:`~trine.models.shared_prompt.plan_shared_micro_batches`) when every
+    prompt holds >= 2 tokens and some response >= 1; ``"auto"`` keeps it only when it runs fewer tokens
+    than the per-sample plan, each forward counted at the planners' 128-token overhead (``packed``: the
+    per-sample forward runs without pads, its cost is its tokens).
+    """
+    lengths = [len(p) + r for p, r in zip(prompts, responses, strict=True)]
+    plan = plan_micro_batches(lengths, token_budget)
+    if mode is False or any(len(p) < 2 for p in prompts) or not any(responses):
+        return plan, False
+    shared, cost = plan_shared_micro_batches(
+        [tuple(p) for p in prompts], [len(p) for p in prompts], responses, token_budget
+    )
+    if mode == "auto":
+        sizes = [sum(lengths[i] for i in b) if packed else len(b) * max(lengths[i] for i in b) for b in plan]
+        if cost >= sum(sizes) + 128 * len(plan):
+            return plan, False
+    return shared, True
+
+
 def right_align(values: list[list[float]], resp: int, device: Any) -> Tensor:
     """Right-align per-response-token lists into a ``[B, resp]`` float tensor."""
     out = torch.zeros((len(values), resp), dtype=torch.float32)
@@ -218,12 +258,16 @@ def response_logprobs(
     pad_id: int,
     token_budget: int = 8192,
     temperature: float = 1.0,
+    shared_prompt: bool | str = False,
 ) -> list[list[float]]:
     """Per-token logprobs of each response given its prompt, ``[(prompt_ids, response_ids), ...]``.
 
     The one scoring path for every model that only reads sequences (a teacher, a judge, difficulty
     scoring): the same length-bucketed, left-padded ``logits_to_keep`` forward as the trainer, without
-    gradients. An empty response gets ``[]``; a prompt must hold at least one token.
+    gradients. An empty response gets ``[]``; a prompt must hold at least one token. ``shared_prompt``
+    (True / ``"auto"``, for a model that can run it: :func:`~trine.models.shared_prompt.unsupported_reason`)
+    runs each distinct prompt once (:func:`choose_micro_batches`): a teacher
+    scoring GRPO groups reads each prompt once per group, same numbers up to float rounding.
     """
     exps = [
         Experience(
@@ -237,9 +281,12 @@ def response_logprobs(
     out: list[list[float]] = [[] for _ in pairs]
     live = [i for i, (_, r) in enumerate(pairs) if r]
     device = next(model.parameters()).device
-    for plan in plan_micro_batches([len(exps[i].tokens) for i in live], token_budget):
+    plans, shared = choose_micro_batches(
+        [list(pairs[i][0]) for i in live], [len(pairs[i][1]) for i in live], token_budget, shared_prompt
+    )
+    for plan in plans:
         rows = [live[j] for j in plan]
-        logprobs, _ = forward_logprobs(model, collate(exps, rows, pad_id, device))
+        logprobs, _ = forward_logprobs(model, collate(exps, rows, pad_id, device, shared_prompt=shared))
         width = logprobs.shape[1]
         for k, row in enumerate(rows):
             out[row] = logprobs[k, width - len(pairs[row][1]) :].tolist()

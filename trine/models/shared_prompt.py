@@ -201,6 +201,20 @@ def plan_shared_micro_batches(
     )
 
 
+def shared_pays(prompts: list[list[int]], responses: list[int], mode: bool | str = "auto") -> bool:
+    """Whether one micro-batch of rows with these ``prompts`` and ``responses`` (lengths) runs the
+    shared-prompt forward, by the rule of :func:`~trine.models.batching.choose_micro_batches` for a micro-batch that must stay
+    whole (DPO's pairs): ``G × (P_max - 1) + B × R_max`` tokens and two forwards against
+    ``B × L_max`` tokens and one, each forward at 128 tokens."""
+    if mode is False or any(len(p) < 2 for p in prompts) or not any(responses):
+        return False
+    if mode is True:
+        return True
+    distinct = {tuple(p) for p in prompts}
+    shared = len(distinct) * (max(map(len, prompts)) - 1) + len(prompts) * max(responses) + 2 * 128
+    return shared < len(prompts) * max(len(p) + r for p, r in zip(prompts, responses, strict=True)) + 128
+
+
 class _Unit(NamedTuple):
     rows: list[int]
     key: Hashable

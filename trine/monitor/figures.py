@@ -4,6 +4,7 @@ threads and servers) and writing it as a titled PNG. Used by :mod:`~trine.monito
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +23,18 @@ def save(fig: Any, path: Path, run_name: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     return path
+
+
+def preload() -> threading.Thread:
+    """Import matplotlib's ``Figure`` and its Agg backend in a daemon thread, so that the plots drawn at a
+    run's end (:func:`trine.monitor.plot.plot_run`) do not wait for the import (~0.7 s on a 2-core CPU,
+    half of drawing a short run's plots). The import runs while the run's first steps run, mostly in torch
+    kernels that release the GIL; a run that ends before it finished simply waits for it in the import."""
+
+    def load() -> None:
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+
+    thread = threading.Thread(target=load, name="trine-plot-import", daemon=True)
+    thread.start()
+    return thread

@@ -17,7 +17,7 @@ class StepSums:
         self.per_step: dict[str, float] = {}
         self.steps: dict[str, int] = {}
         self.once: dict[str, float] = {}
-        self.tokens = self.padded = 0
+        self.tokens = self.real = self.padded = 0
 
     def add_tokens(self, stats: dict[str, float], batch: MicroBatch) -> None:
         w = float(batch.action_mask.sum())
@@ -26,7 +26,9 @@ class StepSums:
         self.weight += w
         if w:  # an idle pass of a trainer rank trains nothing and counts no tokens
             self.tokens += batch.num_tokens
-            self.padded += batch.padded_tokens
+            real, padded = batch.forward_tokens
+            self.real += real
+            self.padded += padded
 
     def add_step(self, stats: dict[str, float]) -> None:
         for k, v in stats.items():
@@ -42,11 +44,15 @@ class StepSums:
         keys = sorted(self.weighted)
         local = {**{f"w/{k}": self.weighted[k] for k in keys}, "weight": self.weight}
         local.update(
-            tokens=float(self.tokens), padded=float(self.padded), loss=self.per_step.get("loss", 0.0)
+            tokens=float(self.tokens),
+            real=float(self.real),
+            padded=float(self.padded),
+            loss=self.per_step.get("loss", 0.0),
         )
         total = sum_floats(local, device)
         self.weighted = {k: total[f"w/{k}"] for k in keys}
-        self.weight, self.tokens, self.padded = total["weight"], int(total["tokens"]), int(total["padded"])
+        self.weight, self.tokens = total["weight"], int(total["tokens"])
+        self.real, self.padded = int(total["real"]), int(total["padded"])
         if "loss" in self.per_step:
             self.per_step["loss"] = total["loss"]
 

@@ -47,8 +47,14 @@ from trine.algorithms import (
     value_loss,
 )
 from trine.config import TrainerConfig
-from trine.models.batching import MicroBatch, collate, forward_logprobs, plan_micro_batches, response_logprobs
-from trine.models.shared_prompt import plan_shared_micro_batches, unsupported_reason
+from trine.models.batching import (
+    MicroBatch,
+    choose_micro_batches,
+    collate,
+    forward_logprobs,
+    response_logprobs,
+)
+from trine.models.shared_prompt import shared_pays, unsupported_reason
 from trine.trainer.inputs import (
     SAMPLE_INPUTS,
     TOKEN_INPUTS,
@@ -233,7 +239,7 @@ class Trainer:
             {
                 "trainer/lr": lr,
                 "trainer/tokens_per_second": stats.tokens / max(elapsed, 1e-9),
-                "trainer/padding_fraction": 1.0 - stats.tokens / max(stats.padded, 1),
+                "trainer/padding_fraction": 1.0 - stats.real / max(stats.padded, 1),
                 "trainer/batch_size": float(len(experiences)),
                 "time/train_seconds": elapsed,
                 **excluded,
@@ -250,7 +256,12 @@ class Trainer:
         (an input of the loss, like ``ref_logprobs``)."""
         todo = [e for e in experiences if e.info.get("teacher_logprobs") is None]
         pairs = [(e.tokens[: e.prompt_length], e.response_tokens) for e in todo]
-        scores = response_logprobs(self.teacher, pairs, pad_id=self.pad_token_id) if pairs else []
+        shared = self.shared_prompt if unsupported_reason(self.teacher) is None else False
+        scores = (
+            response_logprobs(self.teacher, pairs, pad_id=self.pad_token_id, shared_prompt=shared)
+            if pairs
+            else []
+        )
         for e, logprobs in zip(todo, scores):
             e.info["teacher_logprobs"] = logprobs
 
@@ -345,27 +356,14 @@ class Trainer:
 
     def _micro_plan(self, exps: list[Experience]) -> tuple[list[list[int]], bool]:
         """A mini-batch's micro-batches (indices into ``exps``) and whether they run the shared-prompt
-        forward: with ``shared_prompt`` on, the shared-prompt plan when every prompt holds >= 2 tokens and
-        (``auto``) it costs fewer tokens than the per-sample plan (each forward counted at the planners'
-        128-token overhead), else the per-sample plan, bucketed by length."""
-        lengths = [len(e.tokens) for e in exps]
-        plan = plan_micro_batches(lengths, self.micro_batch_tokens)
-        if self.shared_prompt is False or any(e.prompt_length < 2 for e in exps):
-            return plan, False
-        shared, cost = plan_shared_micro_batches(
-            [tuple(e.tokens[: e.prompt_length]) for e in exps],
-            [e.prompt_length for e in exps],
+        forward (``trainer.shared_prompt``, :func:`~trine.models.batching.choose_micro_batches`)."""
+        return choose_micro_batches(
+            [e.tokens[: e.prompt_length] for e in exps],
             [e.response_length for e in exps],
             self.micro_batch_tokens,
+            self.shared_prompt,
+            self.packed,
         )
-        if self.shared_prompt == "auto":
-            sizes = [
-                sum(lengths[i] for i in p) if self.packed else len(p) * max(lengths[i] for i in p)
-                for p in plan
-            ]
-            if cost >= sum(sizes) + 128 * len(plan):  # the per-sample plan's cost, same overhead per forward
-                return plan, False
-        return shared, True
 
     def _assemble(self, batches: list[MicroBatch], fn: Any, n: int, width: int) -> Tensor:
         """Run ``fn(batch) -> [B_mb, R_mb]`` on every micro-batch; gather into a right-aligned ``[n, width]``."""
@@ -513,7 +511,12 @@ class Trainer:
             for chunk in mine:  # None: an idle pass of another chunk (trainer ranks run equal counts)
                 part, scale = (chunks[0], 0.0) if chunk is None else (chunk, 1.0)
                 rows = [i for p in part for i in pairs[p]]
-                batch = collate(exps, rows, self.pad_token_id, self.device)
+                shared = shared_pays(
+                    [exps[i].tokens[: exps[i].prompt_length] for i in rows],
+                    [exps[i].response_length for i in rows],
+                    self.shared_prompt,
+                )
+                batch = collate(exps, rows, self.pad_token_id, self.device, shared_prompt=shared)
                 with torch.no_grad():
                     ref, _ = self._logprobs(self.ref_model, batch)
                 logprobs, _ = self._logprobs(self.model, batch)

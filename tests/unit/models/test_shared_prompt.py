@@ -67,6 +67,13 @@ def test_shared_prompt_forward_matches_the_per_sample_forward(model):
     layout = batch.shared
     assert layout is not None and layout.prefix_ids.shape[0] == 5  # a, b, the two of c, d: each once
     assert layout.forward_tokens < batch.padded_tokens
+    # trainer/padding_fraction describes the forward that runs: each prompt's tokens once, then the segments
+    real, run = batch.forward_tokens
+    prompts = {tuple(e.tokens[: e.prompt_length]) for e in exps}
+    segments = sum(e.response_length for e in exps)  # [last prompt token, response[:-1]]; empty: none
+    assert (real, run) == (sum(len(p) - 1 for p in prompts) + segments, layout.forward_tokens)
+    per_sample = collate(exps, list(range(len(exps))), 0, "cpu")
+    assert per_sample.forward_tokens == (per_sample.num_tokens, per_sample.padded_tokens)
 
 
 def test_shared_prompt_forward_without_gradients(model):
@@ -123,3 +130,15 @@ def test_models_that_cannot_run_it_say_why(model):
     enable()  # transformers 5 renamed it
     assert unsupported_reason(plain) == "gradient checkpointing is on"
     assert "no Hugging Face config" in unsupported_reason(torch.nn.Linear(2, 2))
+
+
+def test_a_whole_micro_batch_shares_its_prompts_only_where_that_runs_fewer_tokens():
+    from trine.models.shared_prompt import shared_pays
+
+    long_prompt = list(range(3, 400))
+    assert shared_pays([long_prompt] * 2, [5, 3])  # a DPO pair after a long prompt: 396 + 10 + 256 < 804 + 128
+    assert not shared_pays([[5, 6, 7], [5, 6, 7]], [2, 4])  # a short prompt: the second forward costs more
+    assert not shared_pays([long_prompt, long_prompt[1:]], [5, 3], mode="auto")  # nothing shared
+    assert shared_pays([[5, 6, 7], [5, 6, 7]], [2, 4], mode=True)
+    assert not shared_pays([[5], [5]], [2, 4], mode=True)  # a one-token prompt has no prefix to run
+    assert not shared_pays([long_prompt] * 2, [5, 3], mode=False)

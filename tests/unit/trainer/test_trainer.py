@@ -11,6 +11,7 @@ import torch
 from trine.algorithms import PRESETS
 from trine.config import TrainerConfig
 from trine.models import load_model, load_tokenizer
+from trine.models.shared_prompt import shared_pays
 from trine.trainer import (
     Trainer,
     collate,
@@ -494,3 +495,59 @@ def test_shared_prompt_auto_runs_it_where_it_saves_tokens(tiny_model_dir, tokeni
     assert Trainer(model, PRESETS["grpo"], TrainerConfig(), pad_token_id=0).shared_prompt is False
     with pytest.raises(ValueError, match="shared_prompt: true with trainer.fsdp"):
         TrainerConfig(shared_prompt=True, fsdp=True)
+
+
+def test_dpo_pairs_and_teacher_scores_run_each_prompt_once_with_the_same_numbers(
+    tiny_model_dir, tokenizer, experiences
+):
+    """DPO's pairs (chosen and rejected after one prompt) and a teacher scoring GRPO groups take the
+    shared-prompt forward like the policy step: the same gradients and logprobs as per sample."""
+    pairs = []
+    for k, source in enumerate(e for e in experiences if e.prompt_length >= 2):
+        prompt = source.tokens[: source.prompt_length]
+        for chosen, other in ((True, source), (False, experiences[(k + 1) % len(experiences)])):
+            pairs.append(
+                Experience(
+                    tokens=prompt + other.response_tokens,
+                    prompt_length=len(prompt),
+                    action_mask=other.action_mask,
+                    group_id=f"pair:{k}",
+                    info={"chosen": chosen},
+                )
+            )
+    assert len(pairs) >= 6 and shared_pays([e.tokens[: e.prompt_length] for e in pairs], [1] * len(pairs), True)
+    grads = {}
+    for shared in (False, True):
+        settings = TrainerConfig(lr=1.0, eps=1.0, grad_clip=0.0, shared_prompt=shared)
+        trainer = Trainer(
+            load_model(tiny_model_dir),
+            PRESETS["dpo"],
+            settings,
+            pad_token_id=tokenizer.pad_token_id,
+            ref_model=load_model(tiny_model_dir),
+        )
+        step_optimizer, seen = trainer._optimizer_step, {}
+
+        def record(trainer=trainer, seen=seen, step_optimizer=step_optimizer):
+            seen.update({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+            return step_optimizer()
+
+        trainer._optimizer_step = record
+        trainer.step(pairs)
+        grads[shared] = seen
+    assert max(float(g.abs().max()) for g in grads[False].values()) > 1e-3
+    for name, g in grads[False].items():
+        torch.testing.assert_close(grads[True][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+    grouped = _same_prompts(experiences)
+    scored = {}
+    for shared in (False, "auto"):
+        trainer = _trainer(
+            tiny_model_dir, tokenizer, shared_prompt=shared, teacher=load_model(tiny_model_dir)
+        )
+        rows = [Experience(e.tokens, e.prompt_length, e.action_mask, group_id=e.group_id) for e in grouped]
+        trainer._score_with_teacher(rows)
+        scored[shared] = [e.info["teacher_logprobs"] for e in rows]
+    assert [len(s) for s in scored["auto"]] == [e.response_length for e in grouped]
+    for a, b in zip(scored["auto"], scored[False], strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
