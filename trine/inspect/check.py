@@ -24,6 +24,10 @@ logprobs that are not what the trainer recomputes. ``trine check`` loads the con
    (:mod:`trine.inspect.mask_view`), with the per-turn logprob agreement and the reward and its parts.
 6. **Reward probes** (:mod:`trine.inspect.reward_probes`): padded, repeated, truncated, junk-appended and
    empty answers scored with the configured reward; a WARN when one scores near the correct answer.
+7. **Eval rows in training** (:func:`~trine.inspect.contamination.contamination_row`): a WARN when an eval
+   taskset's prompt is also a training prompt (exact, after normalizing), with how many and one example;
+   bounded (exact matches only, the first 50,000 training / 10,000 eval rows of each taskset):
+   ``trine tasks overlap --config CONFIG`` measures n-gram overlap too.
 
 :func:`run_checks` returns a :class:`CheckReport`; :func:`print_report` prints it (rich table) and
 ``CheckReport.as_dict()`` is the ``--json`` output.
@@ -118,6 +122,7 @@ def run_checks(
             "trine check samples tasks.train's first row; this stage trains on a buffer: check a config with one"
         )
     from trine.build import load_policy
+    from trine.inspect.contamination import contamination_row
     from trine.inspect.episodes import episode_rows, play_episodes
     from trine.inspect.probes import CheckRow, fidelity_row, logprob_rows, mask_row, template_rows
     from trine.inspect.reward_probes import reward_probe_row
@@ -147,6 +152,7 @@ def run_checks(
         played = play_episodes(cfg, model, tokenizer, episodes, seed) if episodes else []
         rows += episode_rows(played, tolerance)
         rows.append(reward_probe_row(cfg))
+        rows.append(contamination_row(cfg, config or "CONFIG"))
     param = next(model.parameters())
     return CheckReport(
         config=config,
