@@ -4,8 +4,9 @@ Usage: python scripts/studio_screenshots.py [--out docs/images] [--keep DIR]
 
 Builds a runs directory in a temporary folder (or DIR with --keep): a real short arithmetic run (an SFT
 warm-up then GRPO, SQL buffer, evaluations) plus a two-turn trajectory with an observation and a pending
-experience in its buffer, a "live" run whose status says running and whose metrics are partly written, a
-run that failed with an error, and a batch of annotation items in the finished run's queue. Serves it with the studio and writes
+experience in its buffer, a second real run of the same config with a longer warm-up and a higher GRPO
+learning rate (the comparison's other run), a "live" run whose status says running and whose metrics are
+partly written, a run that failed with an error, and a batch of annotation items in the finished run's queue. Serves it with the studio and writes
 ``studio_<page>.png`` (1280x800, Debian's chromium driven by Playwright) for each page.
 
 :func:`build_demo` is also what the studio's browser tests (tests/e2e/test_studio_browser.py) run on.
@@ -37,9 +38,13 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 ANNOTATOR_TOKEN = "demo-annotator-token"
+VARIANT = "arithmetic-b"
+"""The demo's second real run: a longer SFT warm-up and a higher GRPO learning rate."""
 
 
-def write_config(root: Path, runs: Path, model: Path, name: str, sft: int, grpo: int, every: int) -> Path:
+def write_config(
+    root: Path, runs: Path, model: Path, name: str, sft: int, grpo: int, every: int, grpo_lr: float = 1e-3
+) -> Path:
     """A two-stage arithmetic config (SFT warm-up, then GRPO) with a SQL buffer; returns its path."""
     sampling = {"temperature": 1.0, "max_tokens": 6}
     train = {"path": str(DATA / "train.jsonl"), "reward": "exact_match", "repeat": 4, "sampling": sampling}
@@ -63,7 +68,7 @@ def write_config(root: Path, runs: Path, model: Path, name: str, sft: int, grpo:
         "monitor": {"sinks": ["jsonl"], "plot": False},
         "stages": [
             {**sft_stage, "tasks": {"total_steps": sft}, "trainer": {"lr": 3e-3}},
-            {**grpo_stage, "tasks": {"total_steps": grpo}, "trainer": {"lr": 1e-3}},
+            {**grpo_stage, "tasks": {"total_steps": grpo}, "trainer": {"lr": grpo_lr}},
         ],
     }
     path = root / f"{name}.yaml"
@@ -193,12 +198,23 @@ def build_demo(
     config = write_config(root, runs, model, "arithmetic", sft, grpo, every)
     run(load_config(config))
     done = runs / "arithmetic"
+    other = write_config(root, runs, model, VARIANT, sft + 2, grpo, every, grpo_lr=3e-3)
+    run(load_config(other))
     tokenizer = load_tokenizer(str(model))
     ids = add_buffer_rows(done, tokenizer)
     items = post_items(done, tokenizer, ids["pending"])
     live_dir = make_live(runs, done, fraction=live)
     failed = make_failed(runs, done)
-    return {"runs": runs, "done": done, "live": live_dir, "failed": failed, "items": items, **ids}
+    return {
+        "runs": runs,
+        "done": done,
+        "variant": runs / VARIANT,
+        "live": live_dir,
+        "failed": failed,
+        "items": items,
+        "annotator_token": ANNOTATOR_TOKEN,
+        **ids,
+    }
 
 
 def screenshots(url: str, out: Path, demo: dict) -> list[Path]:
@@ -214,6 +230,7 @@ def screenshots(url: str, out: Path, demo: dict) -> list[Path]:
         ("experience", f"#/run/{run}/experience/{demo['multi_turn']}", ".seg-observation"),
         ("config", f"#/config?template=run:{run}", "#validity[data-ok]"),
         ("annotate", f"#/run/{run}/annotate", ".item"),
+        ("compare", f"#/compare?runs={run},{demo['variant'].name}", 'section.chart[data-series="2"] canvas'),
     ]
     written = []
     with sync_playwright() as p:

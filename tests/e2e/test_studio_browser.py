@@ -1,15 +1,16 @@
 """Trine Studio in a real browser: Debian's chromium, headless, driven by Playwright.
 
-One studio serves a runs directory built by ``scripts/studio_screenshots.py``'s :func:`build_demo`: a
-real short arithmetic run (SFT then GRPO, SQL buffer, evaluations) with a two-turn tool trajectory and a
-pending experience added to its buffer and a pair + a rating posted to its annotation queue, and a
-"live" run (status running with this process's pid) whose metrics.jsonl the tests append to while the
-page is open, and a failed run. Skipped, with the reason, where Playwright or /usr/bin/chromium is missing.
+One studio (the ``studio``, ``browser`` and ``page`` fixtures of ``tests/e2e/conftest.py``) serves a runs
+directory built by ``scripts/studio_screenshots.py``'s :func:`build_demo`: a real short arithmetic run
+(SFT then GRPO, SQL buffer, evaluations) with a two-turn tool trajectory and a pending experience added to
+its buffer and a pair + a rating posted to its annotation queue, a second real run, a "live" run (status
+running with this process's pid) whose metrics.jsonl the tests append to while the page is open, and a
+failed run. Skipped, with the reason, where Playwright or /usr/bin/chromium is missing. The comparison
+page's tests are in ``test_studio_compare_browser.py``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
 from datetime import datetime, timezone
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 try:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 except ImportError:  # pragma: no cover - depends on the machine
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
@@ -28,53 +29,6 @@ if not CHROMIUM.exists():  # pragma: no cover - depends on the machine
     pytest.skip("no /usr/bin/chromium (apt-get install chromium)", allow_module_level=True)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "studio_screenshots.py"
-TOKEN = "annotator-token-for-tests"
-
-
-def _demo_module():
-    spec = importlib.util.spec_from_file_location("studio_screenshots", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def studio(tmp_path_factory, tiny_model_dir):
-    """The demo runs directory (a small real run) served by the studio; yields (url, demo dict)."""
-    from trine.studio.server import background
-    from trine.studio.settings import StudioSettings
-
-    demo_module = _demo_module()
-    root = tmp_path_factory.mktemp("studio_browser")
-    demo = demo_module.build_demo(root, tiny_model_dir, sft=3, grpo=3, every=3)
-    demo["chromium_args"] = demo_module.CHROMIUM_ARGS
-    settings = StudioSettings(runs_dir=demo["runs"], annotators={TOKEN: "tess"}, root=root)
-    with background(settings) as url:
-        yield url, demo
-
-
-@pytest.fixture(scope="module")
-def browser(studio):
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=studio[1]["chromium_args"]
-        )
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser, studio):
-    """A fresh 1280x800 page; fails the test on an uncaught JavaScript error."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
 
 
 def beat(run_dir: Path) -> None:
@@ -238,7 +192,7 @@ def test_answer_an_annotation_batch_reaches_the_buffer(page, studio):
     url, demo = studio
     page.goto(f"{url}/#/run/arithmetic/annotate")
     expect(page.locator('.counts [data-count="open"]')).to_contain_text("2")
-    page.fill("#annotator-token", TOKEN)
+    page.fill("#annotator-token", demo["annotator_token"])
     page.click("text=Use token")
     expect(page.locator("#annotator-name")).to_have_text("tess")
     page.click("#get-batch")
@@ -271,14 +225,14 @@ def test_a_conflicting_answer_keeps_nothing_and_names_the_item(page, studio):
     queue.post([Item(kind="rate", prompt="2+2=", responses=[{"text": "4"}], scale=(0, 5))], timeout=3600)
     queue.close()
     page.goto(f"{url}/#/run/arithmetic/annotate")
-    page.fill("#annotator-token", TOKEN)
+    page.fill("#annotator-token", demo["annotator_token"])
     page.click("text=Use token")
     page.click("#get-batch")
     item = page.locator(".item")
     expect(item).to_have_count(1)
     item_id = item.get_attribute("data-item")
     answer = {"answers": [{"item": item_id, "rating": 1}]}  # the same annotator, from another tab
-    headers = {"X-Annotator-Token": TOKEN}
+    headers = {"X-Annotator-Token": demo["annotator_token"]}
     assert (
         httpx.post(f"{url}/api/runs/arithmetic/annotations/answer", json=answer, headers=headers).status_code
         == 200

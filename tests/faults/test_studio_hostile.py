@@ -282,6 +282,14 @@ def test_files_linked_from_outside_the_runs_directory_are_never_served(linked):
                 r = api.get(f"/api/runs/{name}{tail}")
                 assert r.status_code == 400, (name, tail, r.status_code, r.text)
                 assert SECRET not in r.text and "outside the runs directory" in r.json()["detail"]
+        for name in ("metrics", "config", "checkpoints", "chain"):  # nor compared with a good run
+            r = api.get("/api/compare", params={"runs": f"good,{name}"})
+            assert r.status_code == 400 and SECRET not in r.text, (name, r.status_code, r.text)
+            said = r.json()["detail"]
+            assert f"run {name!r}" in said and "outside the runs directory" in said
+        compared = api.get("/api/compare", params={"runs": "good,inner,../outside,x"})
+        assert compared.status_code == 400 and "not allowed" in compared.json()["detail"]
+        assert api.get("/api/compare", params={"runs": "good,inner"}).status_code == 200
         detail = api.get("/api/runs/metrics").json()["detail"]
         assert "metrics.jsonl" in detail and str(linked["outside"] / "metrics.jsonl") in detail
         assert "explorers" in api.get("/api/runs/chain").json()["detail"]

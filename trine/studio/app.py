@@ -31,7 +31,7 @@ STATIC = Path(__file__).parent / "static"
 
 def create_app(settings: StudioSettings) -> FastAPI:
     """The studio app over ``settings.runs_dir``."""
-    from trine.studio import annotations, configs, experiences, runs
+    from trine.studio import annotations, compare_api, configs, experiences, runs
 
     app = FastAPI(title="Trine Studio", docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.studio = settings
@@ -43,7 +43,7 @@ def create_app(settings: StudioSettings) -> FastAPI:
 
     app.add_middleware(BodyLimit, settings=settings)  # added last: outermost, before anything reads a body
 
-    for module in (runs, experiences, configs, annotations):
+    for module in (runs, compare_api, experiences, configs, annotations):
         app.include_router(module.router, prefix="/api")
     annotations.install(app)  # lands answered annotations in the background while the app serves
 

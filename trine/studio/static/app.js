@@ -3,6 +3,7 @@
 
 import { api, clearError } from "./api.js";
 import * as annotate from "./annotate.js";
+import * as compare from "./compare.js";
 import * as config from "./config.js";
 import * as experience from "./experience.js";
 import * as experiences from "./experiences.js";
@@ -13,6 +14,7 @@ import { h, setCrumbs } from "./util.js";
 const ROUTES = [
   [/^\/?$/, runs, []],
   [/^\/config$/, config, []],
+  [/^\/compare$/, compare, []],
   [/^\/run\/([^/]+)$/, run, ["name"]],
   [/^\/run\/([^/]+)\/experiences$/, experiences, ["name"]],
   [/^\/run\/([^/]+)\/experience\/([^/]+)$/, experience, ["name", "id"]],

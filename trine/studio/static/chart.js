@@ -1,10 +1,21 @@
 // Curves of metrics.jsonl with the vendored uPlot (a global from vendor/uPlot.iife.min.js).
-// MetricSeries keeps the columns (x = step) as rows arrive; MetricChart draws some keys of it and exposes
-// how many points it holds as data-points / data-values on its element (for people and for tests).
+// MetricSeries keeps the columns (x = step) as rows arrive; MetricChart draws some keys of it (or one key of
+// several runs: the compare page) and exposes how many points it holds as data-points / data-values /
+// data-series on its element (for people and for tests). GROUPS are the standard charts of both pages.
 
-import { fmt, h } from "./util.js";
+import { fmt, fmtSeconds, h } from "./util.js";
 
-const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
+/** The standard charts: title and which metric keys belong to it (the keys that exist are drawn). */
+export const GROUPS = [
+  ["Reward", (k) => /(^|\/)reward_mean$/.test(k)],
+  ["Eval accuracy", (k) => /^eval\/.*(accuracy|avg@\d+|pass@\d+)$/.test(k)],
+  ["Loss", (k) => /^trainer\/(loss|pg_loss|dpo_loss|sft_loss)$/.test(k)],
+  ["Response length", (k) => /response_length_(mean|max)$/.test(k)],
+  ["Staleness", (k) => /^buffer\/staleness_/.test(k)],
+  ["Throughput (tokens/s)", (k) => /tokens_per_second$/.test(k)],
+];
+
+export const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
 
 /** Whole steps only on the x axis. */
 const STEP_INCREMENTS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000];
@@ -20,10 +31,12 @@ function yRange(u, min, max) {
   return uPlot.rangeNum(min, max, 0.1, true);
 }
 
-/** The numeric columns of metrics rows, by step. Rows of one step are merged into one point. */
+/** The numeric columns of metrics rows, by step. Rows of one step are merged into one point; `stages`
+ * holds the stage of each point (its first row's `stage`, "" for none). */
 export class MetricSeries {
   constructor() {
     this.xs = [];
+    this.stages = [];
     this.columns = new Map();
     this.offset = 0;
     this.lastStage = null;
@@ -38,6 +51,7 @@ export class MetricSeries {
       let index = this.xs.length - 1;
       if (index < 0 || this.xs[index] !== x) {
         this.xs.push(x);
+        this.stages.push(typeof row.stage === "string" ? row.stage : "");
         for (const column of this.columns.values()) column.push(null);
         index += 1;
       }
@@ -66,6 +80,7 @@ export class MetricSeries {
       } else {
         const keep = this.xs.findIndex((value) => value >= x);
         this.xs.length = keep;
+        this.stages.length = keep;
         for (const column of this.columns.values()) column.length = keep;
       }
     }
@@ -83,15 +98,18 @@ export class MetricSeries {
   }
 }
 
-/** One uPlot chart of `keys` inside a titled panel. */
+/** One uPlot chart of `keys` inside a titled panel: one series per key, or per label in `labels` (the
+ * compare page draws one key of several runs). `axis` "step" (whole steps) or "time" (seconds). */
 export class MetricChart {
-  constructor(parent, title, keys, { removable = false, onRemove } = {}) {
+  constructor(parent, title, keys, { removable = false, onRemove, labels, axis = "step" } = {}) {
     this.keys = keys;
+    this.labels = labels || keys.map((key) => shortLabel(key, keys));
+    this.axis = axis;
     this.canvasBox = h("div", { class: "chart-canvas" });
     const remove = removable ? h("button", { class: "link", title: "remove this chart", onclick: onRemove }, "✕") : null;
     this.el = h(
       "section",
-      { class: "chart", dataset: { title, keys: keys.join(","), points: "0", values: "0" } },
+      { class: "chart", dataset: { title, keys: keys.join(","), axis, points: "0", values: "0", series: "0" } },
       h("div", { class: "chart-title" }, h("span", {}, title), remove),
       this.canvasBox,
     );
@@ -100,6 +118,7 @@ export class MetricChart {
   }
 
   options(width) {
+    const time = this.axis === "time";
     return {
       width,
       height: 200,
@@ -107,9 +126,9 @@ export class MetricChart {
       cursor: { drag: { x: true, y: false } },
       scales: { x: { time: false }, y: { range: yRange } },
       series: [
-        { label: "step", value: (u, v) => (v == null ? "–" : String(v)) },
-        ...this.keys.map((key, i) => ({
-          label: shortLabel(key, this.keys),
+        { label: time ? "seconds" : "step", value: (u, v) => (v == null ? "–" : time ? fmtSeconds(v) : String(v)) },
+        ...this.labels.map((label, i) => ({
+          label,
           stroke: COLORS[i % COLORS.length],
           width: 1.5,
           spanGaps: true,
@@ -118,7 +137,9 @@ export class MetricChart {
         })),
       ],
       axes: [
-        { grid: { stroke: "#eee" }, incrs: STEP_INCREMENTS },
+        time
+          ? { grid: { stroke: "#eee" }, values: (u, values) => values.map((v) => fmtSeconds(v)) }
+          : { grid: { stroke: "#eee" }, incrs: STEP_INCREMENTS },
         { size: 56, grid: { stroke: "#eee" }, values: (u, values) => values.map((v) => fmt(v)) },
       ],
     };
@@ -129,9 +150,10 @@ export class MetricChart {
     const width = Math.max(240, this.canvasBox.clientWidth || 400);
     if (!this.plot) this.plot = new uPlot(this.options(width), data, this.canvasBox);
     else this.plot.setData(data);
-    const values = data.slice(1).reduce((n, column) => n + column.filter((v) => v !== null).length, 0);
+    const counts = data.slice(1).map((column) => column.filter((v) => v != null).length);
     this.el.dataset.points = String(data[0].length);
-    this.el.dataset.values = String(values);
+    this.el.dataset.values = String(counts.reduce((a, b) => a + b, 0));
+    this.el.dataset.series = String(counts.filter((n) => n > 0).length);
   }
 
   resize() {

@@ -2,20 +2,10 @@
 // /metrics?after=OFFSET every 3 s; a picker to plot any numeric key; the resolved config; the eval table.
 
 import { api, showError } from "./api.js";
-import { MetricChart, MetricSeries } from "./chart.js";
+import { GROUPS, MetricChart, MetricSeries } from "./chart.js";
 import { fill, enc, errorBox, every, fmt, h, notesBox, progress, setCrumbs, stateBadge } from "./util.js";
 
 export const NAME = "run";
-
-/** The standard charts: title and which metric keys belong to it (the keys that exist are drawn). */
-const GROUPS = [
-  ["Reward", (k) => /(^|\/)reward_mean$/.test(k)],
-  ["Eval accuracy", (k) => /^eval\/.*(accuracy|avg@\d+|pass@\d+)$/.test(k)],
-  ["Loss", (k) => /^trainer\/(loss|pg_loss|dpo_loss|sft_loss)$/.test(k)],
-  ["Response length", (k) => /response_length_(mean|max)$/.test(k)],
-  ["Staleness", (k) => /^buffer\/staleness_/.test(k)],
-  ["Throughput (tokens/s)", (k) => /tokens_per_second$/.test(k)],
-];
 
 export function mount(root, { name }) {
   setCrumbs([name]);

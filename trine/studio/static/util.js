@@ -34,6 +34,15 @@ export function fmt(value) {
   return String(Number(value.toPrecision(4)));
 }
 
+/** Seconds for people: "45 s", "12.5 min", "3.2 h" (null as an en dash). */
+export function fmtSeconds(value) {
+  if (value === null || value === undefined || !Number.isFinite(value)) return "–";
+  const abs = Math.abs(value);
+  if (abs < 120) return `${Number(value.toPrecision(3))} s`;
+  if (abs < 7200) return `${Number((value / 60).toPrecision(3))} min`;
+  return `${Number((value / 3600).toPrecision(3))} h`;
+}
+
 /** "12 s ago" / "3 min ago" / a date, for a unix time in seconds. */
 export function ago(unix) {
   if (!unix) return "–";
@@ -51,6 +60,7 @@ export function localTime(unix) {
 
 const STATE_CLASS = {
   running: "ok",
+  stuck: "warn",
   finished: "done",
   stopped: "warn",
   dead: "bad",
