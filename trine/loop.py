@@ -42,7 +42,7 @@ def run(stages: list[RunConfig], part: str = "all", source: Any = None) -> dict[
                 continue
             print(f"[{cfg.stage}] stage {index + 1}/{len(stages)}: mode {cfg.mode}, building ...", flush=True)
             stage = build.build_stage(cfg, rd.model, rd.tokenizer, rd.path, part, source)
-            rd.restore(stage, index)
+            rd.begin(stage, index)
             try:
                 _run_stage(stage, index, rd)
             finally:
@@ -69,12 +69,7 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
     saved = st.step  # the stage's step of the newest checkpoint (this stage's start, or where it resumed)
     with at_step_boundaries(), contextlib.closing(modes.steps(st)) as steps:
         if st.step == 0 and cfg.eval.at_start and st.evaluator:
-            seen = st.evaluator.seen(rd.step, rd.summary["stages"])  # the previous stage's end: same weights
-            what = "reusing the evaluation of" if seen else "evaluating"
-            print(f"[{cfg.stage}] {what} step {rd.step} on {st.evaluator.plan()} ...", flush=True)
-            record["eval_start"] = seen or st.evaluator.evaluate(rd.step, rd.monitor)
-            if not seen:
-                rd.monitor.log({**record["eval_start"], "stage": cfg.stage}, rd.step)
+            rd.evaluate_start(st, record)
         if stop_requested():
             _stop_here(st, index, rd, saved)
         tick = time.perf_counter()
@@ -83,10 +78,8 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
             last = st.step >= st.total_steps
             stop = cfg.stop_after_steps is not None and rd.step >= cfg.stop_after_steps
             if st.evaluator and (last or (cfg.eval.every and st.step % cfg.eval.every == 0)):
-                began = time.perf_counter()
-                record["eval_end"] = st.evaluator.evaluate(rd.step, rd.monitor)
-                record["eval_key"] = st.evaluator.key(rd.step)
-                metrics.update({**record["eval_end"], "time/eval_seconds": time.perf_counter() - began})
+                metrics.update(rd.evaluate(st, record))  # eval.plateau: may end the stage at this step
+                last = st.step >= st.total_steps
             now = time.perf_counter()
             metrics.update({"time/step_seconds": now - tick, "stage": cfg.stage})
             record["seconds"] += now - tick
@@ -100,7 +93,7 @@ def _run_stage(st: Stage, index: int, rd: RunDir) -> None:
                 saved = st.step
             if stop_requested():
                 _stop_here(st, index, rd, saved)
-            if stop and not last:
+            if stop or last:
                 break
             tick = time.perf_counter()
         if stop_requested():  # the mode stopped waiting for a batch

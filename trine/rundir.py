@@ -6,7 +6,10 @@ stage (:meth:`trine.stage.Stage.state_dict` / :func:`restore_stage`: what a chec
 the weights);
 ``finish``/``interrupted``/``fail`` record how the run ended in ``status.json`` (see
 :mod:`trine.status`: pid, host, torch threads and a heartbeat while it runs) so that a directory whose run
-failed or died says so. Each checkpoint records the torch threads too: a run resumed with another count
+failed or died says so, and send the alert (``monitor.alerts``, :mod:`trine.monitor.alerts`; also on
+``stuck`` and ``alarm``). ``begin`` hands a stage to the stuck rule (:mod:`trine.monitor.progress`: what
+its sides wait for), ``save`` and ``evaluate`` mark their time as not a step's, and ``evaluate`` ends a
+stage on a plateau (``eval.plateau``). Each checkpoint records the torch threads too: a run resumed with another count
 says so (CPU results can depend on it, :mod:`trine.threads`).
 
 Resuming rewinds the records to the checkpoint: the lines of ``metrics.jsonl`` and
@@ -17,7 +20,9 @@ step once; TensorBoard hides them (``purge_step``); see the W&B and MLflow sinks
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +59,12 @@ class RunDir:
     threads: int = 0
     """The torch threads this process runs with (:func:`trine.threads.use_threads`), recorded in
     ``status.json`` and in each checkpoint."""
+    watch: Any = None
+    """The stuck rule (:class:`trine.monitor.progress.StepWatch`), checked by the heartbeat thread."""
+    alerts: Any = None
+    """Where alerts go (:class:`trine.monitor.alerts.Alerts`)."""
+    stage_name: str | None = None
+    """The stage running now (in alerts)."""
 
     @classmethod
     def open(cls, stages: list[RunConfig], load_policy: Callable[..., tuple[Any, Any]]) -> RunDir:
@@ -87,7 +98,8 @@ class RunDir:
         (path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         rewind_records(path, state)
         interval = beat_interval(first.sync.wait_timeout)  # explorer processes watch it (launch/liveness)
-        rd.heartbeat = Heartbeat(path, step, interval=interval, about=about(rd.threads))
+        rd.alerts, rd.watch = _watchers(rd, first)
+        rd.heartbeat = Heartbeat(path, step, interval=interval, about=about(rd.threads), watch=rd.watch)
         try:
             say(f"run {first.name}: {_plan(stages)} in {path}")
             rd.model, rd.tokenizer = load_policy(first, path=str(checkpoint) if checkpoint else None, say=say)
@@ -99,7 +111,7 @@ class RunDir:
                 config=config,
                 resume_step=step,
             )
-            rd.monitor.sinks.append(_alarm_sink(stages, rd.heartbeat))
+            rd.monitor.sinks.append(_alarm_sink(stages, rd.heartbeat, rd.alert))
         except BaseException as err:
             rd.fail(err)
             raise
@@ -113,6 +125,58 @@ class RunDir:
     def resume_at(self) -> int:
         """Index of the first stage that still has work."""
         return self.state["stage_index"] + self.state["stage_done"] if self.state else 0
+
+    def begin(self, stage: Stage, index: int) -> None:
+        """Start stage ``index``: :meth:`restore` it, and watch its steps with its ``monitor`` settings
+        (what its sides wait for: :meth:`Stage.waiting_on`)."""
+        self.restore(stage, index)
+        self.stage_name = stage.cfg.stage
+        if self.watch is not None:
+            self.watch.configure(stage.cfg.monitor.stuck_after, stage.cfg.monitor.stuck_min_seconds)
+            self.watch.waiting = stage.waiting_on
+            self.watch.set_phase("step")
+
+    def evaluate(self, stage: Stage, record: dict[str, Any]) -> dict[str, float]:
+        """Evaluate the stage at the current step (its time is not a step's for the stuck rule); the eval
+        metrics and ``time/eval_seconds``. With ``eval.plateau``, a plateau ends the stage here (its
+        ``total_steps`` becomes this step; ``stage/ended_early`` 1, the reason in the summary, the console
+        and ``status.json``'s ``ended_early``)."""
+        began = time.perf_counter()
+        with self._during("eval"):
+            record["eval_end"] = stage.evaluator.evaluate(self.step, self.monitor)
+        record["eval_key"] = stage.evaluator.key(self.step)
+        out = {**record["eval_end"], "time/eval_seconds": time.perf_counter() - began}
+        if stage.cfg.eval.plateau is not None and stage.step < stage.total_steps:
+            if why := _plateau(stage.cfg.eval.plateau, record):
+                stage.total_steps = stage.step
+                record["ended"] = f"stage ended early at step {self.step}: plateau of {why}"
+                say(f"[{stage.cfg.stage}] {record['ended']}")
+                if self.heartbeat is not None:
+                    self.heartbeat.note(
+                        "ended_early", {"stage": stage.cfg.stage, "step": self.step, "reason": why}
+                    )
+                out["stage/ended_early"] = 1.0
+        return out
+
+    def evaluate_start(self, stage: Stage, record: dict[str, Any]) -> None:
+        """The evaluation before the stage's first step, logged (reused when the stage before ended on the
+        same weights: its end)."""
+        seen = stage.evaluator.seen(self.step, self.summary["stages"])  # the stage before's end: same weights
+        what = "reusing the evaluation of" if seen else "evaluating"
+        say(f"[{stage.cfg.stage}] {what} step {self.step} on {stage.evaluator.plan()} ...")
+        with self._during("eval"):
+            record["eval_start"] = seen or stage.evaluator.evaluate(self.step, self.monitor)
+        if not seen:
+            self.monitor.log({**record["eval_start"], "stage": stage.cfg.stage}, self.step)
+
+    def alert(self, event: str, reason: str, **extra: Any) -> None:
+        """Send the alert ``event`` (``monitor.alerts``) at the current step and stage."""
+        if self.alerts is not None:
+            self.alerts.send(event, reason, step=self.step, stage=self.stage_name, **extra)
+
+    def _during(self, phase: str) -> Any:
+        """``phase`` for the stuck rule while the block runs (``eval``, ``checkpoint``)."""
+        return self.watch.during(phase) if self.watch is not None else contextlib.nullcontext()
 
     def restore(self, stage: Stage, index: int) -> None:
         """Put ``stage`` back where the checkpoint left it, if the checkpoint is inside it."""
@@ -133,7 +197,7 @@ class RunDir:
         from trine.trainer.checkpoint import save_checkpoint
 
         trainer = stage.trainer.trainer
-        with stage.gate:  # the explorer appends rollouts under the gate: the sizes match the state
+        with self._during("checkpoint"), stage.gate:  # the explorer appends rollouts under the gate
             state = {
                 **stage.state_dict(),
                 "stage_index": index,
@@ -157,6 +221,8 @@ class RunDir:
                 if (ref := own_weights(trainer.ref_model)) is not None
                 else None,
             )
+        if done and self.watch is not None:  # the stage is over: building the next one is no step
+            self.watch.set_phase("starting")
 
     def finish(self, how: str) -> dict[str, Any]:
         """Close the monitor, record ``how`` the run ended, draw the plots; returns the summary."""
@@ -191,22 +257,60 @@ class RunDir:
         if self.heartbeat is not None:
             self.heartbeat.step = self.step
             self.heartbeat.end(state, **details)
+        if self.alerts is not None:  # at most monitor.alerts.timeout_seconds
+            self.alert(state, str(details.get("reason") or details.get("error") or state))
+            self.alerts.close()
 
 
-def _alarm_sink(stages: list[RunConfig], heartbeat: Heartbeat) -> Any:
-    """The sink that raises the stages' alarms (``monitor.alarms``), says each and keeps it in
-    ``status.json``."""
+def _alarm_sink(stages: list[RunConfig], heartbeat: Heartbeat, alert: Callable[..., None]) -> Any:
+    """The sink that raises the stages' alarms (``monitor.alarms``), says each, keeps it in
+    ``status.json`` and sends its alert."""
     from trine.monitor.alarms import AlarmSink
 
     def raised(alarm: Any) -> None:
         say(f"ALARM {alarm.message}")
         heartbeat.alarm(alarm.as_dict())
+        alert("alarm", alarm.message, alarm=alarm.as_dict())
 
     settings = {
         s.stage: (s.monitor.alarms, s.tasks.train.sampling.max_tokens if s.tasks.train else None)
         for s in stages
     }
     return AlarmSink(settings, raised)
+
+
+def _watchers(rd: RunDir, cfg: RunConfig) -> tuple[Any, Any]:
+    """The run's alerts (``monitor.alerts``) and its stuck rule (``monitor.stuck_after``), which says when
+    the run becomes stuck and sends that alert."""
+    from trine.monitor.alerts import Alerts
+    from trine.monitor.progress import StepWatch
+
+    alerts = Alerts(cfg.monitor.alerts, cfg.name, rd.path)
+    m = cfg.monitor
+    stuck = lambda record: rd.alert("stuck", record["reason"], stuck=record)  # noqa: E731
+    return alerts, StepWatch(m.stuck_after, m.stuck_min_seconds, on_stuck=stuck, say=say)
+
+
+def _plateau(settings: Any, record: dict[str, Any]) -> str | None:
+    """Add the stage's latest evaluation (``record["eval_end"]``) to its history (``record["plateau"]``,
+    the one at its start first) and say why it has plateaued (:func:`trine.monitor.progress.plateau`)."""
+    from trine.monitor.alarms import main_eval_key
+    from trine.monitor.progress import plateau
+
+    latest = record["eval_end"]
+    key = settings.metric or main_eval_key(latest)
+    history = record.setdefault("plateau", [])
+    if not history and isinstance(record.get("eval_start", {}).get(key), (int, float)):
+        history.append(record["eval_start"][key])
+    if key is None or not isinstance(latest.get(key), (int, float)):
+        found = ", ".join(sorted(k for k in latest if k.startswith("eval/"))) or "none"
+        watched = f"eval.plateau.metric={key!r} is" if key else "no accuracy, avg@k or pass@k is"
+        raise ValueError(
+            f"{watched} not among the evaluation's metrics ({found}); set eval.plateau.metric to one of them"
+        )
+    history.append(latest[key])
+    why = plateau(history, settings.evals, settings.min_delta)
+    return f"{key}: {why}" if why else None
 
 
 def restore_stage(stage: Stage, state: dict[str, Any], trainer_state: dict[str, Any], path: Path) -> None:

@@ -48,6 +48,14 @@ class Stage:
             return self.explorer.gate
         return self.__dict__.setdefault("_gate", threading.Lock())
 
+    def waiting_on(self) -> dict[str, str]:
+        """What each side of the stage waits for now (``trainer``, ``explorer``, ``tasks``): a stuck run's
+        report (:class:`trine.monitor.progress.StepWatch`), read from the heartbeat thread."""
+        out = self.trainer.waiting_on()
+        if self.explorer is not None:
+            out.update(self.explorer.waiting_on())
+        return out
+
     def close(self) -> None:
         """Release what the stage's workflows hold (MCP servers, environment pools) and its rollout engines
         (their worker threads) once it is done: nothing of a stage outlives it."""

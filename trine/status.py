@@ -4,7 +4,10 @@ A live run writes ``{"state": "running", "pid", "host", "started_at", "threads",
 refreshes ``heartbeat`` from a daemon thread every :data:`HEARTBEAT_SECONDS` (more often where
 ``sync.wait_timeout`` is short, :func:`beat_interval`), whatever the run is doing (a long step, an
 evaluation, a wait for batches), ``step`` at every step and, once one is raised, ``alarms``
-(:mod:`trine.monitor.alarms`: ``kind``, ``step``, ``message``, ``numbers``); it ends with ``finished``,
+(:mod:`trine.monitor.alarms`: ``kind``, ``step``, ``message``, ``numbers``); while the step has not advanced
+for too long (:mod:`trine.monitor.progress`), ``stuck`` (``since``, ``seconds``, ``median_step_seconds``,
+``waiting``, ``reason``), which :func:`describe` reports as the state ``stuck``; a stage that ended early
+(``eval.plateau``) adds to ``ended_early`` (``stage``, ``step``, ``reason``); it ends with ``finished``,
 ``stopped`` (``stop_after_steps``, or Ctrl-C / SIGTERM, with a ``reason``) or ``failed`` (with the error). Ctrl-C and
 SIGTERM stop a run at a step boundary with a checkpoint of that step (:func:`on_stop_signal`). A run killed
 outright (kill -9, out of memory, a lost machine) leaves ``running`` behind: :func:`describe` tells it
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -65,7 +69,8 @@ def write_status(run_dir: Path, state: str, **details: Any) -> None:
 class Heartbeat:
     """The status of the run in this process: ``running`` with pid, host, step and a heartbeat, until
     :meth:`end` records how it ended. ``interval`` is the heartbeat period in seconds; ``about``: more
-    that every write records about the process (its torch ``threads``)."""
+    that every write records about the process (its torch ``threads``); ``watch``: the stuck rule
+    (:class:`trine.monitor.progress.StepWatch`: told of each step, checked at each beat of the thread)."""
 
     def __init__(
         self,
@@ -73,10 +78,12 @@ class Heartbeat:
         step: int,
         interval: float = HEARTBEAT_SECONDS,
         about: dict[str, Any] | None = None,
+        watch: Any = None,
     ):
         self.run_dir = Path(run_dir)
         self.step = step
         self.interval = interval
+        self.watch = watch
         self.identity = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -85,6 +92,8 @@ class Heartbeat:
         }
         self.alarms: list[dict[str, Any]] = []
         """Alarms raised so far (:mod:`trine.monitor.alarms`), in every write as ``alarms``."""
+        self.notes: dict[str, list[dict[str, Any]]] = {}
+        """Other records kept in every write (``ended_early``: stages ended by ``eval.plateau``)."""
         self._lock = threading.Lock()
         self._ended = threading.Event()
         self.beat(step)
@@ -93,6 +102,8 @@ class Heartbeat:
 
     def beat(self, step: int | None = None) -> None:
         """Record that the run is alive (at ``step`` when given)."""
+        if step is not None and self.watch is not None:
+            self.watch.advance(step)
         with self._lock:
             if self._ended.is_set():
                 return
@@ -104,8 +115,19 @@ class Heartbeat:
         self.alarms.append(alarm)
         self.beat()
 
+    def note(self, key: str, item: dict[str, Any]) -> None:
+        """Add ``item`` to the list ``key`` that every write keeps (e.g. ``ended_early``), and write it."""
+        self.notes.setdefault(key, []).append(item)
+        self.beat()
+
     def _about(self) -> dict[str, Any]:
-        return {**self.identity, **({"alarms": self.alarms} if self.alarms else {})}
+        stuck = self.watch.stuck if self.watch is not None and not self._ended.is_set() else None
+        return {
+            **self.identity,
+            **({"alarms": self.alarms} if self.alarms else {}),
+            **self.notes,
+            **({"stuck": stuck} if stuck else {}),
+        }
 
     def end(self, state: str, **details: Any) -> None:
         """Stop the heartbeat and record the final ``state`` (finished / stopped / failed)."""
@@ -114,7 +136,15 @@ class Heartbeat:
             write_status(self.run_dir, state, step=self.step, ended_at=_now(), **self._about(), **details)
 
     def _run(self) -> None:
+        failed = False
         while not self._ended.wait(self.interval):
+            try:
+                if self.watch is not None:
+                    self.watch.check()
+            except Exception as err:  # noqa: BLE001 - the stuck check must not stop the heartbeat
+                if not failed:
+                    logging.getLogger("trine.status").warning("the stuck check failed: %r", err)
+                failed = True
             try:
                 self.beat()
             except OSError:  # a full or vanished disk must not kill the run from this thread
@@ -143,10 +173,13 @@ def pid_alive(pid: int) -> bool:
 
 
 def describe(status: dict[str, Any], stale_after: float = STALE_SECONDS) -> tuple[str, str]:
-    """``(state, why)``: ``running``, ``dead``, ``finished``, ``stopped`` or ``failed``, and the reason.
+    """``(state, why)``: ``running``, ``stuck``, ``dead``, ``finished``, ``stopped`` or ``failed``, and the
+    reason.
 
     A ``running`` status is ``dead`` when its pid is gone (checked only on the host that wrote it) or
-    its heartbeat is older than ``stale_after`` seconds (the only check from another host).
+    its heartbeat is older than ``stale_after`` seconds (the only check from another host), else ``stuck``
+    while it holds a ``stuck`` record (its step has not advanced for too long, :mod:`trine.monitor.progress`;
+    the reason says for how long and what each side waits for).
     """
     state = status.get("state", "unknown")
     if state != "running":
@@ -160,6 +193,9 @@ def describe(status: dict[str, Any], stale_after: float = STALE_SECONDS) -> tupl
     age = time.time() - datetime.fromisoformat(beat).timestamp()
     if age > stale_after:
         return "dead", f"last heartbeat {age:.0f}s ago (stale after {stale_after:.0f}s)"
+    stuck = status.get("stuck")
+    if isinstance(stuck, dict):
+        return "stuck", str(stuck.get("reason") or "its step has not advanced for too long")
     return "running", f"pid {pid} on {host}, heartbeat {age:.0f}s ago"
 
 

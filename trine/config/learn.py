@@ -22,6 +22,7 @@ from trine.config.base import (
     TrajectoryStatus,
     _check_name,
 )
+from trine.config.watch import AlertsConfig, PlateauConfig
 
 
 class BufferRules(Section):
@@ -296,6 +297,18 @@ class EvalConfig(Section):
     """A rollout counts as a success when its reward (a multi-step rollout: its episode return) is at least
     this: eval's ``accuracy`` and ``avg@k`` / ``pass@k``, training's ``explorer/success_rate`` and the
     scheduler's pass rates. For a return that is a fraction (share of games won), set the share that counts."""
+    plateau: PlateauConfig | None = None
+    """End the stage early, at an evaluation, once ``plateau.evals`` evaluations in a row brought no gain
+    (the next stage then starts; needs ``every`` > 0). None: off."""
+
+    @model_validator(mode="after")
+    def _plateau_needs_evals(self) -> EvalConfig:
+        if self.plateau is not None and not self.every:
+            raise ValueError(
+                "eval.plateau needs evaluations during the stage: set eval.every (e.g. 10), or remove "
+                "eval.plateau"
+            )
+        return self
 
 
 class AlarmsConfig(Section):
@@ -324,6 +337,15 @@ class MonitorConfig(Section):
     """Write PNG curves into ``<run_dir>/plots`` at the end of the run."""
     alarms: AlarmsConfig = AlarmsConfig()
     """Alarms on reward hacking and truncation during the run."""
+    stuck_after: Annotated[float, Field(gt=1)] = 10.0
+    """A run whose step has not advanced for this many times its median step time (the last 20 steps) is
+    reported ``stuck`` (status.json, ``trine status``, the studio, ``alerts``), never stopped; evaluations
+    and checkpoint saves do not count."""
+    stuck_min_seconds: Positive = 300.0
+    """Never ``stuck`` before this many seconds without a step (before the first step, when there is no
+    median yet, this alone)."""
+    alerts: AlertsConfig = AlertsConfig()
+    """Alerts (a webhook and/or a command) on failed, stuck, finished, stopped and alarm."""
 
     @field_validator("sinks")
     @classmethod

@@ -80,6 +80,7 @@ from trine.config.rollout import (  # noqa: F401
     VLLMConfig,
 )
 from trine.config.serve import ServeConfig  # noqa: F401
+from trine.config.watch import watch_problems
 
 
 class RunConfig(Section):
@@ -194,9 +195,8 @@ class RunConfig(Section):
                 "mode: train with tasks.source: buffer to train on the rows of a persistent buffer, or "
                 "tasks.source: serve when agents bring their own tasks to `trine serve`)"
             )
-        problems = (
-            mode_problems(self) + auxiliary_problems(self) + trainer_problems(self) + extras_problems(self)
-        )
+        problems = mode_problems(self) + auxiliary_problems(self) + trainer_problems(self)
+        problems += extras_problems(self) + watch_problems(self)
         if self.mode == "train" and (
             self.sync.sync_offset or self.sync.sync_interval != 1 or self.sync.method is not None
         ):

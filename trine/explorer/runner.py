@@ -99,6 +99,9 @@ class Explorer:
         self.pool = BlockingPool(blocking_threads, name="trine-blocking")
         self.failures = FailureWindow(max_skip_ratio, warn_skip_ratio)
         """The failed answers of the last training batches (``max_skip_ratio``, ``warn_skip_ratio``)."""
+        self.running: dict[int, tuple[str, float]] = {}
+        """The workflow runs in progress: ``id`` -> (task id, ``time.monotonic()`` at its start), read by
+        :meth:`waiting_on` (from another thread: what a stuck run waits for)."""
 
     # ------------------------------------------------------------------ public: blocking wrappers
     def explore(
@@ -265,6 +268,17 @@ class Explorer:
         self.loop.close()
         self.pool.close()
 
+    def waiting_on(self) -> str | None:
+        """``4 tasks running, the oldest (t/12) for 650s; 2 past explorer.timeout=600s`` (None: none runs)."""
+        now, running = time.monotonic(), list(self.running.values())  # a copy: the event loop changes it
+        if not running:
+            return None
+        task_id, started = min(running, key=lambda r: r[1])
+        late = sum(1 for _, t0 in running if now - t0 > self.timeout)
+        count = "1 task" if len(running) == 1 else f"{len(running)} tasks"
+        text = f"{count} running, the oldest ({task_id}) for {now - started:.0f}s"
+        return text + (f"; {late} past explorer.timeout={self.timeout:g}s" if late else "")
+
     # ------------------------------------------------------------------ internals
     async def _draw(
         self, tasks: list[Task], samples: list | None = None, mode: str = ""
@@ -310,6 +324,7 @@ class Explorer:
         _STATS.set(stats)
         reason = None
         for attempt in range(self.max_retries + 1):
+            self.running[id(stats)] = (task.task_id, time.monotonic())
             try:
                 workflow = self._workflow(task)
                 result = await asyncio.wait_for(workflow.run(task, self.model), self.timeout)
@@ -322,6 +337,8 @@ class Explorer:
                 reason, detail = err.reason, str(err)
             except Exception as err:  # a workflow's failure costs its own task only
                 reason, detail = "error", f"{type(err).__name__}: {err}"
+            finally:
+                self.running.pop(id(stats), None)
             stats.detail = detail
             log.warning(
                 "task %s failed (%s, attempt %d of %d): %s",

@@ -143,6 +143,22 @@ class ExplorerSide:
         """The rollout model the explorer samples with."""
         return self.explorer.model
 
+    def waiting_on(self) -> dict[str, str]:
+        """What this side waits for now, for a stuck run's report (read from another thread):
+        ``explorer`` when a streaming explorer is held back (admission by the pacing rule, or new weights),
+        ``tasks`` when workflows are running (:meth:`Explorer.waiting_on`)."""
+        out = {}
+        if self.activity.state == PACED:
+            held = self.activity.tasks_in_flight
+            out["explorer"] = (
+                f"waiting for admission (buffer.max_staleness; {held} task{'s' if held != 1 else ''} in flight)"
+            )
+        elif self.activity.state == WEIGHTS:
+            out["explorer"] = "waiting for new weights"
+        if tasks := self.explorer.waiting_on():
+            out["tasks"] = tasks
+        return out
+
     def newest_version(self) -> int:
         """The newest weights version the trainer pushed (the engine's own if none is waiting)."""
         latest = self.sync.latest()

@@ -5,7 +5,8 @@ A plain run has one process, its ``status.json`` (:mod:`trine.status`). An async
 directory and one ``explorers/<i>/`` with both per explorer. :func:`run_status` gathers, without
 writing anything:
 
-- each process's state (:func:`trine.status.describe`: running, dead, finished, stopped, failed), its
+- each process's state (:func:`trine.status.describe`: running, stuck — with what it waits for —, dead,
+  finished, stopped, failed), its
   step (the trainer's training steps, an explorer's batches) and its weights version: the trainer's
   last ``trainer/version`` (else the newest published one), the version an explorer last explored
   with (``explorer/version``), and the explorer's lag behind the trainer (trainer − explorer);
@@ -55,6 +56,8 @@ class ProcessStatus:
     """Its torch threads (:mod:`trine.threads`)."""
     cores: str | None = None
     """The cores its role was pinned to (``1-3``; None: any)."""
+    stuck: dict[str, Any] | None = None
+    """While ``stuck``: ``status.json``'s record (since, seconds, median step, what each side waits for)."""
 
 
 @dataclass
@@ -100,14 +103,14 @@ class RunStatus:
 
     @property
     def exit_code(self) -> int:
-        """0 running/finished/stopped, 1 dead/failed (or an explorer dead/failed while the trainer
+        """0 running/stuck/finished/stopped, 1 dead/failed (or an explorer dead/failed while the trainer
         runs), 2 no run (no trainer ``status.json``)."""
         if self.trainer.state == "absent":
             return 2
         if self.trainer.state in ("dead", "failed"):
             return 1
         broken = any(e.state in ("dead", "failed") for e in self.explorers)
-        return 1 if broken and self.trainer.state == "running" else 0
+        return 1 if broken and self.trainer.state in ("running", "stuck") else 0
 
     def lines(self) -> list[str]:
         """The text ``trine status`` prints: one line for a plain run (as always), else a header, one
@@ -179,7 +182,7 @@ def _process_line(p: ProcessStatus) -> str:
 
 def _threads(p: ProcessStatus) -> str:
     """``, 1 thread on cores 1`` (a process pinned to its role's cores), ``, 2 threads`` or ''."""
-    if p.threads is None or p.state not in ("running", "finished", "stopped"):
+    if p.threads is None or p.state not in ("running", "stuck", "finished", "stopped"):
         return ""
     where = (
         f" on core{'s' if p.cores and ('-' in p.cores or ',' in p.cores) else ''} {p.cores}"
@@ -241,6 +244,7 @@ def process_status(name: str, directory: Path, version_key: str) -> ProcessStatu
         alarms=[a for a in record.get("alarms") or [] if isinstance(a, dict)],
         threads=record.get("threads") if isinstance(record.get("threads"), int) else None,
         cores=str(record["cores"]) if record.get("cores") else None,
+        stuck=record.get("stuck") if state == "stuck" and isinstance(record.get("stuck"), dict) else None,
     )
 
 

@@ -200,6 +200,7 @@ def explore(
     when the trainer died and was not restarted within ``sync.wait_timeout``."""
     from trine import build
     from trine.monitor import build_monitor
+    from trine.monitor.progress import StepWatch
     from trine.status import Heartbeat, beat_interval
     from trine.threads import about, use_threads
 
@@ -216,7 +217,9 @@ def explore(
     model, tokenizer = build.load_policy(cfg, weights=build.engine_weights(cfg) != "copy", say=say)
     side = build.build_explorer_process(cfg, model, tokenizer, run_dir, index, count, buffer)
     interval = beat_interval(cfg.sync.wait_timeout)  # the trainer watches it (launch/liveness)
-    heartbeat = Heartbeat(out, side.batches, interval=interval, about=about(threads))
+    m = cfg.monitor  # stuck: no batch put for too long (status.json, `trine status`)
+    watch = StepWatch(m.stuck_after, m.stuck_min_seconds, waiting=side.waiting_on, say=say)
+    heartbeat = Heartbeat(out, side.batches, interval=interval, about=about(threads), watch=watch)
     monitor = build_monitor(["jsonl"], out, total_steps=None, config={}, resume_step=side.batches)
     stop = stop or threading.Event()
     trainer = TrainerWatch(run_dir, cfg.sync.wait_timeout, index, count) if home is None else None
@@ -225,6 +228,7 @@ def explore(
     try:
         try:
             side.sync.wait_for_first(cfg.sync.wait_timeout)  # type: ignore[attr-defined]
+            watch.set_phase("step")
             why = _explore_loop(cfg, side, monitor, heartbeat, stop)
         except TimeoutError:
             if not stop.is_set():  # else: weight sync closed as the trainer's run ended, or it was gone

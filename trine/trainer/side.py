@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,9 @@ class TrainerSide:
     ``sleep()`` → step → the new weights loaded into it (when pushed) → ``wake_up()``."""
     rewards: VersionRewards | None = None
     """Adds the reward per weights version to each step's metrics (a trainer process, ``trine train``)."""
+    waiting_since: float | None = None
+    """``time.monotonic()`` when :meth:`consume` began waiting for rows it has not got yet (None: not
+    waiting); kept over the short waits a mode repeats, cleared when a batch comes (:meth:`waiting_on`)."""
 
     @property
     def version(self) -> int:
@@ -47,6 +51,19 @@ class TrainerSide:
     def batches_waiting(self) -> int:
         """Explored batches in the buffer that no step has taken yet."""
         return self.buffer.batches_waiting() if self.buffer is not None else 0
+
+    def waiting_on(self) -> dict[str, str]:
+        """``{"trainer": "waiting for rows (3 of 8 in the buffer, 1 pending a reward) for 640s"}`` while
+        :meth:`consume` waits for a batch, else ``{}`` (for a stuck run's report; read from another thread)."""
+        since = self.waiting_since
+        if since is None or self.buffer is None:
+            return {}
+        m = self.buffer.metrics()
+        rows = f"{m['buffer/size']:.0f}" + ("" if self.batch_size is None else f" of {self.batch_size}")
+        pending = f", {m['buffer/pending']:.0f} pending a reward" if m.get("buffer/pending") else ""
+        what = "an explored batch" if self.batch_size is None else "rows"
+        seconds = time.monotonic() - since
+        return {"trainer": f"waiting for {what} ({rows} in the buffer{pending}) for {seconds:.0f}s"}
 
     def train(self, experiences: list[Experience]) -> dict[str, float]:
         """``trainer.step`` (on the engine's worker thread when the engine samples these weights)."""
@@ -61,7 +78,10 @@ class TrainerSide:
         assert self.buffer is not None and self.sync is not None, "consume() needs a buffer and a weight sync"
         t = self.trainer
         wait = self.get_timeout if timeout is None else timeout
+        if self.waiting_since is None:
+            self.waiting_since = time.monotonic()
         experiences = self.buffer.get(self.batch_size, current_version=t.version, timeout=wait)
+        self.waiting_since = None
         self.stepping = True
         if self.colocated is not None:
             self.colocated.sleep()
