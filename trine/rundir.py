@@ -72,6 +72,7 @@ class RunDir:
         stage is done, nothing is loaded or written (check :attr:`done`). ``load_policy(cfg, path=...,
         say=...)`` loads the model and tokenizer (from the checkpoint's directory when resuming), saying so."""
         from trine.monitor import build_monitor
+        from trine.monitor.figures import preload as preload_plots
         from trine.threads import about, resumed_note, say_now, use_threads
         from trine.trainer.checkpoint import list_checkpoints, load_states
 
@@ -104,6 +105,8 @@ class RunDir:
             say(f"run {first.name}: {_plan(stages)} in {path}")
             rd.model, rd.tokenizer = load_policy(first, path=str(checkpoint) if checkpoint else None, say=say)
             totals = [s.tasks.total_steps for s in stages]
+            if first.monitor.plot:  # the end-of-run plots' matplotlib import, while the run runs
+                preload_plots()
             rd.monitor = build_monitor(
                 first.monitor.sinks,
                 path,

@@ -369,3 +369,17 @@ def test_the_summary_shows_what_a_stage_without_eval_trained():
     text = out.getvalue()
     assert "Trine run summary" in text and "reward (mean of 10 steps)" in text and "25.0%" in text
     assert "12.5" in text and text.rstrip().endswith("run directory: runs/x")
+
+
+def test_the_plots_import_can_run_ahead_in_a_thread():
+    """A run with ``monitor.plot`` starts matplotlib's import when it opens (``figures.preload``), so the
+    plots at its end do not wait for it; the import runs in a daemon thread that never holds the run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from trine.monitor.figures import preload; t = preload(); "
+        "assert t.daemon; t.join(60); print('matplotlib.backends.backend_agg' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
