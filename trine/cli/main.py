@@ -125,6 +125,52 @@ def check(
 
 
 @app.command()
+def plan(
+    config: Path = typer.Argument(..., help="YAML config file."),
+    overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
+    steps: int = typer.Option(3, "--steps", min=1, help="Steps measured per stage after the warm-up."),
+    warmup: int = typer.Option(
+        None, "--warmup", min=0, help="Warm-up steps per stage (default 1; async: 1 + max_staleness, ≤ 5)."
+    ),
+    min_seconds: float = typer.Option(
+        3.0, "--min-seconds", min=0, help="Keep measuring a stage's steps until this many seconds."
+    ),
+    eval_tasks: int = typer.Option(
+        0, "--eval-tasks", min=0, help="Evaluate this many tasks per eval taskset, scaled up (0: all)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for scripts)."),
+    plugin: list[Path] = typer.Option([], "--plugin", help=PLUGIN_HELP),
+) -> None:
+    """Before a long run: measure a few real steps of every stage (sampling, reward, training, weight sync,
+    evaluation, checkpoint; start-up and end) on this machine in a temporary directory, and print the
+    expected seconds per step, tokens/s, peak memory and wall-clock per stage (per process with launch:
+    processes), with the measured spread. Writes nothing into the run directory."""
+    import json
+
+    from trine.inspect.measure import Options, PlanError
+    from trine.inspect.measure import plan as measure
+
+    stages = _load(config, overrides or [], plugin)
+    options = Options(steps=steps, warmup=warmup, min_seconds=min_seconds, eval_tasks=eval_tasks)
+    say = lambda m: typer.echo(m, err=True)  # noqa: E731 - progress on stderr, the plan on stdout
+
+    def measured() -> Any:
+        try:
+            return measure(stages, str(config), options, say, plugin)
+        except PlanError as err:  # a config it cannot measure, or processes that failed: exit 2
+            typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+            return 2
+
+    estimate = _guarded(measured)
+    if as_json:
+        typer.echo(json.dumps(estimate.as_dict(), indent=1))
+    else:
+        from trine.inspect.estimate import report_lines
+
+        typer.echo("\n".join(report_lines(estimate)))
+
+
+@app.command()
 def run(
     config: Path = typer.Argument(..., help="YAML config file."),
     overrides: list[str] = typer.Argument(None, help="key.sub=value overrides."),
@@ -327,10 +373,12 @@ def status(
     run_dir: Path = typer.Argument(..., help="A run directory (runs/<name>)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for scripts)."),
 ) -> None:
-    """Say whether a run is running, dead (killed: pid gone or heartbeat stale), finished, stopped or
-    failed, at which step; for a run with explorer processes, one line per process (step, weights
-    version, lag), the buffer's depth and the published weights. Exit code: 0 running/finished/stopped,
-    1 dead/failed (or an explorer dead while the trainer runs), 2 no run there."""
+    """Say whether a run is running, stuck (its step has not advanced for monitor.stuck_after × its median
+    step: for how long, and what each side waits for), dead (killed: pid gone or heartbeat stale), finished,
+    stopped or failed, at which step; for a run with explorer processes, one line per process (step,
+    weights version, lag), the buffer's depth and the published weights. Exit code: 0
+    running/stuck/finished/stopped, 1 dead/failed (or an explorer dead while the trainer runs), 2 no run
+    there."""
     import json
 
     from trine.inspect.report import run_status
