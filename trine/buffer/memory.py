@@ -294,6 +294,8 @@ class MemoryBuffer:
         ]
         if rules.replay:
             slots.sort(key=lambda s: (-rules.priority(s.exp.policy_version, s.uses), s.seq))
+        elif rules.oldest_weights_first:
+            slots.sort(key=lambda s: (s.exp.policy_version, s.seq))
         else:
             slots.sort(key=lambda s: s.seq)
         return slots

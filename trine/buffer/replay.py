@@ -118,7 +118,15 @@ class TrainedSteps:
             return [], 0
         t = build_table(sa.MetaData(), self.table_name)
         b = build_batches_table(t.metadata, self.table_name)
-        cols = [t.c.seq, t.c.consumed_at, t.c.last_get, t.c.use_count, t.c.priority, t.c.group_id]
+        cols = [
+            t.c.seq,
+            t.c.consumed_at,
+            t.c.last_get,
+            t.c.use_count,
+            t.c.priority,
+            t.c.policy_version,
+            t.c.group_id,
+        ]
         with engine.connect() as conn:
             total = int(conn.execute(sa.select(sa.func.count()).select_from(t)).scalar())
             if self.exact:

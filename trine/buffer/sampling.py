@@ -19,7 +19,10 @@ every ``get(n, min_version=..., current_version=...)``, in this order:
    1`` (``cooldown=0``: eligible at the next get). With ``whole_groups=True``, an experience is not
    eligible while another experience of its ``group_id`` is still pending (an empty group_id is a
    group of its own), so group-based advantages always see the whole group.
-4. **Order.** ``sampler="fifo"``: put order, oldest first. ``sampler="priority"``: highest
+4. **Order.** ``sampler="fifo"``: put order, oldest first; with ``max_staleness`` set, the rows of the
+   oldest weights (lowest ``policy_version``) first, then put order, so rows one explorer put late are
+   trained before they pass the bound (with one explorer the two orders are nearly the same; several
+   explorer processes put in the order they finish, not the order they sampled in). ``sampler="priority"``: highest
    ``priority = policy_version - use_count * reuse_decay`` first (fresher and less-used first),
    ties in put order. With ``whole_groups=True`` the members of a group are placed together, the
    groups in the order of their first member; a group is split only by the end of a batch.
@@ -83,6 +86,13 @@ class SamplingRules(BufferRules):
     def replay(self) -> bool:
         """True for the priority sampler (use counts, cooldown and ``buffer/reuse`` apply)."""
         return self.sampler == "priority"
+
+    @property
+    def oldest_weights_first(self) -> bool:
+        """FIFO under a staleness bound hands out the rows of the oldest weights first (then in put order):
+        rows that a slower explorer put late would otherwise wait behind newer ones until they pass the
+        bound and are dropped (and explored again)."""
+        return not self.replay and self.max_staleness is not None
 
     def floor(self, min_version: int | None, current_version: int | None) -> int | None:
         """The staleness floor: versions below it are dropped (None: no bound)."""

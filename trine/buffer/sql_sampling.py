@@ -53,11 +53,15 @@ def eligible(t: Any, rules: SamplingRules, floor: int | None, get_number: int | 
 
 def order_by(t: Any, rules: SamplingRules) -> list[Any]:
     """SQL hand-out order; :func:`sort_key` is the same order in Python."""
-    return [t.c.priority.desc(), t.c.seq] if rules.replay else [t.c.seq]
+    if rules.replay:
+        return [t.c.priority.desc(), t.c.seq]
+    return [t.c.policy_version, t.c.seq] if rules.oldest_weights_first else [t.c.seq]
 
 
 def sort_key(rules: SamplingRules) -> Callable[[Any], Any]:
-    return (lambda r: (-r.priority, r.seq)) if rules.replay else (lambda r: r.seq)
+    if rules.replay:
+        return lambda r: (-r.priority, r.seq)
+    return (lambda r: (r.policy_version, r.seq)) if rules.oldest_weights_first else (lambda r: r.seq)
 
 
 def expire_pending(conn: Any, t: Any, rules: SamplingRules, now: float) -> int:

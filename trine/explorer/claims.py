@@ -107,11 +107,12 @@ class TaskClaims:
             self.buffer.renew_tasks(self.owner, [(c.seq, c.claim) for c in self.held.values()], self.lease)
             self._renewed = now
 
-    def others_in_flight(self) -> int:
+    def others_in_flight(self, fresh: bool = False) -> int:
         """Tasks the other explorers hold (claimed, not put, lease running), counted at most every
-        :data:`CACHE_SECONDS`."""
+        :data:`CACHE_SECONDS` (``fresh``: now, before a claim: explorers admitted at the same moment, when
+        the trainer's new version reaches them all, would each see room for the same tasks)."""
         at, count = self._others
-        if time.monotonic() - at >= CACHE_SECONDS:
+        if fresh or time.monotonic() - at >= CACHE_SECONDS:
             count = max(0, int(self.buffer.task_counts()["claimed"]) - len(self.held))
             self._others = (time.monotonic(), count)
         return count

@@ -219,10 +219,10 @@ class ExplorerSide:
             experiences = experiences + self.expert.rows(len(experiences), version)
         self._put(experiences, {**metrics, **(extra or {})})
 
-    def others_in_flight(self) -> int:
+    def others_in_flight(self, fresh: bool = False) -> int:
         """Tasks other explorer processes hold (claimed, not put): the pacing rule counts them with this
-        explorer's (0 in one process)."""
-        return 0 if self.claims is None else self.claims.others_in_flight()
+        explorer's (0 in one process); ``fresh``: counted now, not a moment ago (before each claim)."""
+        return 0 if self.claims is None else self.claims.others_in_flight(fresh)
 
     def requeue(self, trainer_version: int) -> list[Task]:
         """The tasks to explore again because the buffer dropped all their rows as stale (``stale``), each

@@ -102,16 +102,21 @@ async def _stream(
             if pacing.admits(version, trainer_at(), queued, flight.holding + others):
                 if version != side.engine.policy_version:  # between generations (HFEngine.call)
                     await _pull(side, version)
+                others_now = partial(side.others_in_flight, True)
                 exhausted = flight.start(
-                    side, target, version, partial(_admits, pacing, version, trainer_at, queued, others)
+                    side, target, version, partial(_admits, pacing, version, trainer_at, queued, others_now)
                 )
                 activity.state = EXPLORING
             else:
                 paced += 0.02
                 activity.state = PACED
                 # nothing holds a place, and the trainer cannot fill a batch from the buffer without the rows this
-                # stream has finished (other explorers' tasks in flight may be waiting the same way)
-                flush = not flight.started and bool(flight.finished) and queued < pacing.batch_rows
+                # stream has finished (other explorers' tasks in flight may be waiting the same way); an explorer
+                # process beside others puts what it finished at once: it may wait long for a batch of its own
+                # while the trainer steps on the others' rows, and its rows would age past the staleness bound
+                flush = bool(flight.finished) and (
+                    side.claims is not None or (not flight.started and queued < pacing.batch_rows)
+                )
         activity.tasks_in_flight, activity.tasks_deferred = flight.holding, flight.deferred
         if exhausted and not flight.running and not flight.finished:
             return "its tasks ran out"
@@ -198,10 +203,15 @@ class _Flight:
 
 
 def _admits(
-    pacing: Pacing, version: int, trainer_at: Callable[[], int], queued: int, others: int, in_flight: int
+    pacing: Pacing,
+    version: int,
+    trainer_at: Callable[[], int],
+    queued: int,
+    others: Callable[[], int],
+    in_flight: int,
 ) -> bool:
-    """``pacing.admits`` with the trainer's version read now (``others``: other explorers' tasks in flight)."""
-    return pacing.admits(version, trainer_at(), queued, in_flight + others)
+    """``pacing.admits`` with the trainer's version and the other explorers' tasks in flight read now."""
+    return pacing.admits(version, trainer_at(), queued, in_flight + others())
 
 
 async def _pull(side: ExplorerSide, version: int) -> None:

@@ -145,6 +145,23 @@ def test_fifo_hands_out_exactly_once_and_reports_no_reuse(make):
         buf.get(1, timeout=0)
 
 
+def test_fifo_under_a_staleness_bound_hands_out_the_oldest_weights_first(make):
+    """Several explorer processes put rows in the order they finish, not the order they sampled in; under
+    ``max_staleness`` the rows of the oldest weights go first, so a late put is trained before it passes
+    the bound. Without a bound FIFO stays put order."""
+    def late_first(first: int) -> list:
+        return [exp(first + i, version=v) for i, v in enumerate((3, 3, 1, 2))]
+
+    buf = make(max_staleness=4)
+    buf.put(late_first(0))
+    assert ids(buf.get(3, timeout=0, current_version=4)) == [2, 3, 0]
+    buf.put([exp(4, version=2)])
+    assert ids(buf.get(2, timeout=0, current_version=4)) == [4, 1]
+    plain = make()  # the same table for the SQL storages: every row above was handed out
+    plain.put(late_first(10))
+    assert ids(plain.get(4, timeout=0)) == [10, 11, 12, 13]
+
+
 def test_concurrent_readers_respect_the_reuse_limit(tmp_path, request):
     kinds = ["sqlite"] + (["postgres"] if PG_URL else [])
     for kind in kinds:
