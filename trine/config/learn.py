@@ -31,8 +31,9 @@ class BufferRules(Section):
     applies them identically (the order they apply in: :mod:`trine.buffer.sampling`)."""
 
     sampler: Literal["fifo", "priority"] = "fifo"
-    """``fifo``: each experience once, oldest first. ``priority``: replay — fresher, less-used first,
-    each up to ``reuse_limit`` times, not again for ``cooldown`` gets."""
+    """``fifo``: each experience once, oldest first (put order; with ``max_staleness``, oldest weights
+    first). ``priority``: replay — fresher, less-used first, each up to ``reuse_limit`` times, not again
+    for ``cooldown`` gets."""
     reuse_limit: Count = 1
     """Times an experience may be handed out (priority sampler)."""
     reuse_decay: NonNeg = 1.0
