@@ -6,6 +6,7 @@ Plain helpers (experience factories, config writers) are in :mod:`tests.helpers`
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist: each worker (and its children) keeps to one OpenMP thread
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # two teams of two spin on two cores: many times slower
 
-from tests.helpers import GOOD_ROWS
+from tests.helpers import GOOD_ROWS, Receiver
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,3 +95,11 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A local webhook recording what is POSTed to it (:class:`tests.helpers.Receiver`)."""
+    r = Receiver()
+    yield r
+    r.close()

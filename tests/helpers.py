@@ -553,3 +553,69 @@ def shared_once(tmp_path_factory: Any, name: str, build: Callable[[Path], Path])
         if not done.is_file():
             done.write_text(str(build(root)))
         return Path(done.read_text())
+
+
+class Receiver:
+    """A local webhook (an HTTP server in a thread): ``url``, ``got`` (the JSON bodies POSTed to it, in
+    order) and ``types`` (their content types); it answers ``status``."""
+
+    def __init__(self, status: int = 200) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        got: list[dict] = []
+        types: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                types.append(self.headers["Content-Type"])
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.got, self.types = got, types
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """The URL of a server that accepts connections and never answers."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+    finally:
+        stop.set()
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+def closed_port() -> str:
+    """The URL of a local port nothing listens on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/hook"

@@ -7,23 +7,20 @@ is down or never answers costs the run at most ``monitor.alerts.timeout_seconds`
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
-import socket
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from typer.testing import CliRunner
 
 from tests.helpers import (
     EXAMPLE,
+    closed_port,
     jsonl_rows,
     run_crashing_after_step,
     run_dir_of,
     run_status,
+    silent_server,
     trine_process,
 )
 from trine import registry
@@ -147,53 +144,6 @@ def test_a_stage_that_stops_improving_ends_early_and_the_next_stage_starts(tmp_p
 
 
 # ------------------------------------------------------------------ alerts
-
-
-class Receiver:
-    """A local webhook recording the JSON it gets."""
-
-    def __init__(self) -> None:
-        got: list[dict] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.got = got
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.server.shutdown()
-    r.server.server_close()
-
-
-@contextlib.contextmanager
-def silent_server() -> Iterator[str]:
-    """A URL whose server accepts connections and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
-    finally:
-        listener.close()
-
-
-def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/hook"
 
 
 @pytest.fixture

@@ -3,85 +3,17 @@ it gets, a closed port, one that accepts and never answers, and commands; the co
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.helpers import Receiver, closed_port, silent_server
 from trine.config import load_yaml
 from trine.config.learn import MonitorConfig
 from trine.config.watch import AlertsConfig
 from trine.monitor.alerts import QUEUE_SIZE, Alerts
-
-
-class Receiver:
-    """A local webhook: ``url``, and ``got`` (the JSON bodies POSTed to it, with their content type)."""
-
-    def __init__(self, status: int = 200) -> None:
-        got: list[tuple[dict, str]] = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                got.append((json.loads(body), self.headers["Content-Type"]))
-                self.send_response(status)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.got = got
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@contextlib.contextmanager
-def hanging() -> Iterator[str]:
-    """The URL of a server that accepts connections and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            with contextlib.suppress(OSError):
-                held.append(listener.accept()[0])
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
-    finally:
-        stop.set()
-        for conn in held:
-            conn.close()
-        listener.close()
-
-
-def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}/hook"
 
 
 def alerts(tmp_path, **settings) -> Alerts:
@@ -94,8 +26,8 @@ def test_each_event_is_posted_as_json_with_the_run_step_and_reason(tmp_path, rec
     assert a.send("finished", "finished", step=6, stage="grpo")
     assert not a.send("stopped", "Ctrl-C", step=6), "not in monitor.alerts.on by default"
     a.close()
-    assert [g[1] for g in receiver.got] == ["application/json"] * 2
-    first, second = (g[0] for g in receiver.got)
+    assert receiver.types == ["application/json"] * 2
+    first, second = receiver.got
     assert {k: first[k] for k in ("event", "run", "run_dir", "stage", "step", "reason", "stuck")} == {
         "event": "stuck",
         "run": "demo",
@@ -130,7 +62,7 @@ def test_a_receiver_that_is_down_or_hangs_costs_the_run_nothing_and_at_most_the_
     assert len(failed) == 1, "logged once, then counted"
     assert "ConnectionRefusedError" in failed[0].getMessage() or "Errno" in failed[0].getMessage()
 
-    with hanging() as url:
+    with silent_server() as url:
         slow = alerts(tmp_path, url=url, timeout_seconds=1.0)
         start = time.monotonic()
         for step in range(10):  # each delivery would take the whole timeout
@@ -141,7 +73,7 @@ def test_a_receiver_that_is_down_or_hangs_costs_the_run_nothing_and_at_most_the_
 
 
 def test_a_full_queue_drops_and_counts(tmp_path):
-    with hanging() as url:
+    with silent_server() as url:
         a = alerts(tmp_path, url=url, timeout_seconds=5.0)
         results = [a.send("alarm", "x", step=i) for i in range(QUEUE_SIZE + 10)]
         assert results.count(False) >= 9 and a.dropped == results.count(False)
