@@ -60,6 +60,7 @@ def two_nodes(monkeypatch):
     from ray.cluster_utils import Cluster
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_worker_niceness", "0")  # as `trine run` starts its own cluster: see launch._init
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     second = cluster.add_node(num_cpus=1, resources={"explorer_node": 2})
     try:
