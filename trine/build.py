@@ -232,7 +232,7 @@ def process_sync(cfg: RunConfig, run_dir: Path, role: str) -> Any:
     if cfg.sync_method == "published":  # an engine on a server loads the published weights itself
         return PublishedWeights(run_dir / "weights", keep=s.keep, load=engine_weights(cfg) != "server")
     from trine.sync.broadcast import BroadcastReceiver, BroadcastSender
-    from trine.sync.rendezvous import read_address, write_address
+    from trine.sync.rendezvous import read_address, recorded_address, write_address
 
     if role == "trainer":
         host, _, port = (s.address or "127.0.0.1:0").rpartition(":")
@@ -240,8 +240,12 @@ def process_sync(cfg: RunConfig, run_dir: Path, role: str) -> Any:
         if s.address is None:
             write_address(run_dir / "weights", sender.address)
         return sender
-    address = s.address or read_address(run_dir / "weights", s.wait_timeout)
-    return BroadcastReceiver(address, role, s.broadcast_backend, s.broadcast_timeout)
+    if s.address is not None:
+        return BroadcastReceiver(s.address, role, s.broadcast_backend, s.broadcast_timeout)
+    directory = run_dir / "weights"
+    address = read_address(directory, s.wait_timeout)
+    find = lambda: recorded_address(directory)  # noqa: E731 - a restarted trainer records a new port
+    return BroadcastReceiver(address, role, s.broadcast_backend, s.broadcast_timeout, find=find)
 
 
 def build_server(

@@ -26,6 +26,7 @@ from trine.models.engine import HFEngine
 from trine.sync import BroadcastReceiver, BroadcastSender, broadcast
 from trine.sync.broadcast import ANSWER, JOINS
 from trine.sync.collective import buckets, resolve_backend
+from trine.sync.rendezvous import read_address, recorded_address, write_address
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CTX = mp.get_context("spawn")
@@ -453,6 +454,55 @@ def test_close_is_prompt_on_both_sides_and_no_thread_outlives_it(explorers, mode
     start = time.monotonic()
     process.join(15)
     assert process.exitcode == 0 and time.monotonic() - start < 10, "the process did not exit promptly"
+
+
+def _trainer_until_killed(model_dir: str, directory: str, ready) -> None:
+    """A trainer process: listen on a free port, record it as ``trine train`` does, push version 1, and
+    wait to be killed."""
+    torch.set_num_threads(1)
+    sender = _sender(timeout=5)
+    write_address(Path(directory), sender.address)
+    sender.push(load_model(model_dir), 1)
+    ready.put(sender.address)
+    time.sleep(600)
+
+
+@pytest.mark.slow  # a trainer process
+def test_an_explorer_follows_a_restarted_trainer_to_its_new_port(model_dir, tmp_path):
+    """The trainer is killed with SIGKILL and started again: it listens on another free port and records
+    it; the explorer (joined through the recorded address) finds it there and gets its next versions."""
+    ready = CTX.Queue()
+    first = CTX.Process(target=_trainer_until_killed, args=(str(model_dir), str(tmp_path), ready))
+    first.start()
+    engine, receiver, second = _engine(str(model_dir)), None, None
+    try:
+        old = ready.get(timeout=180)  # spawn + torch imports, on a loaded machine
+        receiver = BroadcastReceiver(
+            read_address(tmp_path, 5), "explorer-0", backend="gloo", timeout=2,
+            find=lambda: recorded_address(tmp_path),
+        )  # fmt: skip
+        receiver.pull(engine, 1, 30)
+        os.kill(first.pid, signal.SIGKILL)
+        first.join(10)
+        second = _sender(timeout=5)
+        assert second.address != old
+        write_address(tmp_path, second.address)
+        model = _trainer_model(model_dir)
+        expected = _step(model, 2)
+        second.push(model, 2)
+        receiver.pull(engine, 2, 60)  # a late joiner of the new trainer: gets its newest version
+        _assert_identical(_state(engine.model), expected)
+        expected = _step(model, 3)
+        second.push(model, 3)
+        receiver.pull(engine, 3, 30)
+        _assert_identical(_state(engine.model), expected)
+        assert f"{receiver.host}:{receiver.port}" == second.address
+    finally:
+        if first.is_alive():
+            first.kill()
+        for side in (receiver, second):
+            if side is not None:
+                side.close()
 
 
 def test_an_explorer_without_a_trainer_times_out_naming_the_last_error():

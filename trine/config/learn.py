@@ -257,8 +257,9 @@ class SyncConfig(Section):
     """Published versions kept in ``<run_dir>/weights`` (``published``)."""
     address: str | None = None
     """``broadcast``: ``host:port`` where the trainer listens for explorers. None: a free port, on
-    loopback for processes of one machine (recorded in ``<run_dir>/weights/broadcast.json``), on the
-    trainer's node under Ray (the driver picks it)."""
+    loopback for processes of one machine (recorded in ``<run_dir>/weights/broadcast.json``, read again
+    by explorers that lose the trainer: a restarted trainer takes another port), on the trainer's node
+    under Ray (the driver picks it)."""
     bucket_mb: Positive = 64.0
     """``broadcast``: tensors travel flattened into buckets of at most this many MB per dtype, cut into
     pieces of at most this size (smaller, down to 1 MB, so that a version makes at least 64 pieces); each

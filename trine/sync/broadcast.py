@@ -46,6 +46,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -98,6 +99,13 @@ def _close_at_exit() -> None:
 
 def _key(generation: int, what: str) -> str:
     return f"trine/g{generation}/{what}"
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"sync.address={address!r}: expected host:port, e.g. 10.0.0.1:29600")
+    return host, int(port)
 
 
 def _slot_key(slot: int | str, what: str = "join") -> str:
@@ -462,15 +470,22 @@ class _Seat:
 class BroadcastReceiver:
     """An explorer's side: joins the trainer's store at ``address`` (``host:port``) as ``name`` and keeps
     receiving versions in a background thread (joining again whenever its place is lost or the trainer
-    goes away); :meth:`pull` loads the newest received into the engine."""
+    goes away); :meth:`pull` loads the newest received into the engine. ``find``, when given, says where
+    the trainer listens now; it is asked before each join, so a restarted trainer on another port is found.
+    """
 
-    def __init__(self, address: str, name: str, backend: str = "auto", timeout: float = 60.0) -> None:
-        host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"sync.address={address!r}: expected host:port, e.g. 10.0.0.1:29600")
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        backend: str = "auto",
+        timeout: float = 60.0,
+        find: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.host, self.port = _host_port(address)
         if backend != "auto":
             resolve_backend(backend)  # nccl without CUDA fails here, not in the thread
-        self.host, self.port, self.name, self.backend = host, int(port), name, backend
+        self.name, self.backend, self.find = name, backend, find
         self.timeout = timedelta(seconds=timeout)
         self.cond = threading.Condition()
         self.received: tuple[int, dict[str, Tensor]] | None = None
@@ -488,6 +503,7 @@ class BroadcastReceiver:
 
         while not self.closed:
             try:
+                self._follow()
                 store = dist.TCPStore(self.host, self.port, is_master=False, timeout=self.timeout)
                 while not self.closed:
                     self._take_slot(store)
@@ -498,6 +514,16 @@ class BroadcastReceiver:
                 self._failed(f"{type(err).__name__}: {err}".strip(), "joining again", quiet)
                 with self.cond:
                     self.cond.wait_for(lambda: self.closed, 1.0)
+
+    def _follow(self) -> None:
+        """Take the address ``find`` gives, when it is another one (a restarted trainer)."""
+        address = self.find() if self.find is not None else None
+        if address is None or address == f"{self.host}:{self.port}":
+            return
+        host, port = _host_port(address)
+        log.info("weight broadcast: the trainer now listens at %s (was %s:%d)", address, self.host, self.port)
+        with self.cond:
+            self.host, self.port = host, port
 
     def _failed(self, message: str, then: str, quiet: bool = False) -> None:
         repeated = message == self.error
