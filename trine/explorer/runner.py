@@ -260,11 +260,19 @@ class Explorer:
                     "closing workflow %s failed: %s: %s", type(workflow).__name__, type(err).__name__, err
                 )
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
         """Close the workflows and the event loop, and let the idle blocking workers exit (auxiliary
-        models belong to the stage: several explorers share them)."""
+        models belong to the stage: several explorers share them). What still runs on the loop (a run
+        stopped mid-batch: workflows, the engine's batching task) is cancelled first and given ``timeout``
+        seconds to end, as ``asyncio.run`` does; closed with them pending, the loop left them to be
+        destroyed, each with a "Task was destroyed but it is pending!" error at exit."""
         if not self.loop.is_closed():
             self.close_workflows()
+            pending = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.wait(pending, timeout=timeout))
         self.loop.close()
         self.pool.close()
 

@@ -478,3 +478,25 @@ def test_linear_time_built_in_rewards_run_on_the_event_loop_and_others_in_a_work
     assert exact_match in INLINE_REWARDS and inline == (1.0, {}) and threaded == (0.0, {})
     assert seen and seen[0] != loop_thread and seen[0].startswith("trine-blocking")
     explorer.close()
+
+
+def test_close_cancels_what_still_runs_on_the_loop(engine, caplog):
+    """A run stopped mid-batch leaves coroutines on the explorer's loop (workflows, the engine's batching
+    task): close() cancels them and lets them end, so none is destroyed pending at exit."""
+    explorer = Explorer(engine)
+    started = asyncio.Event()
+    cleaned = []
+
+    async def left_running() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            cleaned.append(True)  # its finally ran: it ended, it was not dropped
+
+    running = explorer.loop.create_task(left_running())
+    explorer.loop.run_until_complete(started.wait())
+    start = time.monotonic()
+    explorer.close()
+    assert running.cancelled() and cleaned == [True] and time.monotonic() - start < 5
+    assert explorer.loop.is_closed() and "Task was destroyed" not in caplog.text
