@@ -12,7 +12,10 @@ recording proxy between the two:
   ``--in-flight`` at once) and appends each finished episode to its ``traces.jsonl``; the driver follows
   that file and posts each trace's reward (the sum of its weighted reward scores) to ``/v1/feedback`` for
   the responses whose prompt and text the trace holds (a multi-turn trace gives its reward to every call
-  it made). No round waits for its slowest rollout, and vf-eval starts once (~6 s of imports).
+  it made). No round waits for its slowest rollout, and vf-eval starts once (~6 s of imports);
+- a call of round r waits in the proxy until the served weights are at most ``--max-lag`` rounds behind
+  (the served ``policy_version``), so a busy machine cannot make the programs sample from ever older
+  weights while the trainer, one process among many, falls behind.
 
 ``trine train`` (mode async, the same run directory) trains on those rows and publishes weights that
 ``trine serve`` loads, so later rounds sample the newer policy. Only the standard library is used: run it
@@ -47,11 +50,15 @@ HERE = Path(__file__).resolve().parent
 class Recorder:
     """What the proxy saw: per (prompt text, reply text), the (response id, choice) pairs that answered it."""
 
-    def __init__(self, upstream: str, samples: int, tag: str = "vf") -> None:
+    def __init__(
+        self, upstream: str, samples: int, tag: str = "vf", per_round: int = 0, max_lag: int | None = None
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.samples, self.tag = samples, tag
+        self.per_round, self.max_lag = per_round, max_lag
         self.answers: dict[tuple[str, str], list[tuple[str, int]]] = {}
         self.asked: dict[str, int] = {}  # prompt text -> how many calls asked it
+        self.calls = 0  # chat calls relayed so far
         self.lock = threading.Lock()
 
     def task_id(self, key: str) -> str:
@@ -62,12 +69,32 @@ class Recorder:
             self.asked[key] = count + 1
         return f"{self.tag}-{hashlib.sha1(key.encode()).hexdigest()[:12]}-{count // self.samples}"
 
+    def served_version(self, headers: dict[str, str]) -> int:
+        """The policy version ``trine serve`` samples from (listed with its model)."""
+        request = urllib.request.Request(self.upstream + "/models", headers=headers)
+        with urllib.request.urlopen(request, timeout=60) as response:
+            listed = json.loads(response.read())["data"]
+        return int(listed[0].get("policy_version", 0)) if listed else 0
+
+    def hold(self, headers: dict[str, str]) -> None:
+        """Hold a chat call of round r (by arrival: ``per_round`` calls a round) until the served weights
+        are at most ``max_lag`` rounds behind it. vf-eval starts many programs, the trainer is one
+        process: on a busy machine the programs took the cores and sampled from weights ever further
+        behind, and the stale rows taught less (or were dropped)."""
+        with self.lock:
+            round_, self.calls = self.calls // max(self.per_round, 1), self.calls + 1
+        if self.max_lag is None:
+            return
+        while round_ - self.served_version(headers) > self.max_lag:
+            time.sleep(0.5)
+
     def forward(
         self, path: str, method: str, body: bytes | None, headers: dict[str, str]
     ) -> tuple[int, bytes, str]:
         """Relay one request; returns (status, body, content type). Streamed answers (verifiers' chat
         program asks for ``stream: true``) are read whole, noted, and relayed as they came."""
         if method == "POST" and path.endswith("/chat/completions") and body:
+            self.hold(headers)
             request = json.loads(body)
             key = prompt_text(request.get("messages") or [])
             request.setdefault("task_id", self.task_id(key))
@@ -224,6 +251,9 @@ def launch(args: argparse.Namespace, proxy_url: str, out: Path) -> subprocess.Po
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "TRINE_API_KEY": os.environ.get("TRINE_API_KEY", "unused"),
+        # every rollout is a new Python process: without bytecode (uv compiles none by default) each one
+        # compiles openai, httpx and mcp again, 1.5 s of CPU a rollout instead of 1.0
+        "UV_COMPILE_BYTECODE": os.environ.get("UV_COMPILE_BYTECODE", "1"),
     }
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "vf-eval.log").open("w")
@@ -273,16 +303,28 @@ def main(argv: list[str] | None = None) -> list[dict]:
         default=8,
         help="episodes at once (vf-eval -c): each runs a Python process, so about 4 per core",
     )
+    parser.add_argument(
+        "--max-lag",
+        type=int,
+        default=2,
+        help="rounds a chat call may run ahead of the served weights (-1: no bound)",
+    )
     parser.add_argument("--max-tokens", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0, help="the taskset's seed (its operands)")
     parser.add_argument("--out", default="outputs/verifiers", help="vf-eval's output directory")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds for the whole vf-eval run")
     args = parser.parse_args(argv)
     out = Path(args.out).absolute()
-    recorder = Recorder(args.base_url, args.samples, tag=f"vf{args.seed}-{int(time.time())}")
+    per_round = args.questions * args.samples
+    recorder = Recorder(
+        args.base_url,
+        args.samples,
+        tag=f"vf{args.seed}-{int(time.time())}",
+        per_round=per_round,
+        max_lag=None if args.max_lag < 0 else args.max_lag,
+    )
     proxy = serve_proxy(recorder)
     proxy_url = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
-    per_round = args.questions * args.samples
     log, rewards, posted, unmatched = [], [], 0, 0
     try:
         proc = launch(args, proxy_url, out)

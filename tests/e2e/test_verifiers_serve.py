@@ -11,6 +11,7 @@ import json
 import sqlite3
 import statistics
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,17 +24,20 @@ pytest.importorskip("fastapi", reason="trine serve needs the fastapi/uvicorn of 
 EXAMPLE = ROOT / "examples" / "verifiers"
 QUESTIONS, SAMPLES, STEPS = 8, 4, 10
 ROUNDS = STEPS + 1  # one spare round: no step waits for rows that were dropped stale
-SEEDS = (0, 1)
-LIFT = 0.03
-"""Least rise of the held-out eval (``eval/sums/avg@32``: 100 one-digit sums x 32 samples, scored by
-``trine train`` at step 0 and after step 10), mean over SEEDS (the trainer's seed and the taskset's
-operands). Measured (2026-11-27, 2 cores, the SFT start of tests/e2e/conftest.py, next to other runs, 5.5-7
-minutes a run) with avg@8: seeds 0, 1, 2 +0.060 +0.101 +0.041 (0.255 -> 0.315, 0.356, 0.296, all three
-evaluated with seed 0), and in this test seed 0 +0.059, seed 1 +0.010 (0.2875 -> 0.2975: its start,
-evaluated with seed 1, was 0.03 above seed 0's evaluation of the same weights, hence k 32).
-examples/serve_agent/agent.py through the same server and recipe (8 tasks x 4 answers, lr 5e-4, 10 steps;
-no verifiers, seconds a run), seven runs: +0.046 to +0.080 (mean +0.06, sd 0.013); 15 steps: +0.06 to
-+0.09, 20: +0.08 to +0.12; lr 2e-3 collapsed (0.26 -> 0.10)."""
+SEEDS = (0, 1, 2)
+IN_FLIGHT = 3  # programs at once per seed: 9 in all, about the driver's default for one seed (load ~10)
+LIFT = 0.0
+"""The held-out eval (``eval/sums/avg@32``: 100 one-digit sums x 32 samples, scored by ``trine train`` at
+step 0 and after step 10) must rise, in the mean over SEEDS (the trainer's seed and the taskset's
+operands; the seeds run side by side). The size of the rise is measured, not asserted: 10 steps of 32
+rollouts are little data for this model, and one run's rise has a standard deviation of ~0.03 around a
+mean of ~0.04, so a bar above zero that three seeds clear reliably is not above their noise.
+Measured (2026-11-27, 2 cores, the SFT start of tests/e2e/conftest.py, benchmarks/RESULTS.md): 20 runs,
+mean +0.047, sd 0.027, 19 of 20 above zero; with the driver's lag bound (``--max-lag 2``, as here) seeds
+0-5 +0.063 +0.054 -0.022 +0.020 +0.044 +0.040, three at a time (8.5 minutes for three), and as
+this test runs them (3 programs a seed) +0.062 +0.059 +0.066. Without the lag
+bound, in a CI run next to other tests, vf-eval's many programs outran the one trainer process and seeds
+0 and 1 rose +0.005 and +0.042 (quiet: +0.056, +0.076)."""
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def _config(tmp_path: Path, model: Path, seed: int) -> Path:
     data = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
     data.update(run_dir=str(tmp_path / "run"), model={"path": str(model)}, seed=seed)
     data["tasks"]["eval"][0]["path"] = str(ROOT / "examples" / "arithmetic" / "data" / "eval.jsonl")
-    data["buffer"].update(end_after_idle=None, get_timeout=300)
+    data["buffer"].update(end_after_idle=None, get_timeout=600)
     data["serve"]["port"] = 0
     data["monitor"] = {"sinks": ["jsonl"], "plot": False}
     assert data["trainer"]["batch_size"] == QUESTIONS * SAMPLES  # one driver round per step
@@ -77,9 +81,10 @@ def _play(python: str, model: Path, tmp_path: Path, seed: int) -> tuple[list[dic
             str(EXAMPLE / "driver.py"),
             *("--base-url", url, "--model", "verifiers", "--seed", str(seed)),
             *("--rounds", str(ROUNDS), "--questions", str(QUESTIONS), "--samples", str(SAMPLES)),
+            *("--in-flight", str(IN_FLIGHT)),
             *("--out", str(tmp_path / "vf")),
         ]
-        driven = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=tmp_path)
+        driven = subprocess.run(command, capture_output=True, text=True, timeout=2400, cwd=tmp_path)
         if driven.returncode != 0 and "failed to prepare uv script" in driven.stderr + driven.stdout:
             pytest.skip(f"verifiers' chat program needs uv and PyPI once: {driven.stderr[-600:]}")
         assert driven.returncode == 0, driven.stdout + driven.stderr
@@ -109,10 +114,12 @@ def _play(python: str, model: Path, tmp_path: Path, seed: int) -> tuple[list[dic
 def test_a_verifiers_environment_learns_through_trine_serve(verifiers_python, sft_start, tmp_path):
     """Measured: see LIFT."""
     lifts, logs = [], []
-    for seed in SEEDS:
-        log, run_dir = _play(verifiers_python, sft_start, tmp_path / f"seed{seed}", seed)
+    with ThreadPoolExecutor(len(SEEDS)) as pool:
+        played = [pool.submit(_play, verifiers_python, sft_start, tmp_path / f"seed{s}", s) for s in SEEDS]
+        results = [future.result() for future in played]  # re-raises a seed's failure (or skip)
+    for log, run_dir in results:
         evals = [m for m in read_metrics(run_dir) if "eval/sums/avg@32" in m]
         assert [m["step"] for m in evals] == [0, STEPS], evals
         lifts.append(evals[-1]["eval/sums/avg@32"] - evals[0]["eval/sums/avg@32"])
         logs.append([round(r["reward"], 3) for r in log])
-    assert statistics.fmean(lifts) >= LIFT, (lifts, logs)
+    assert statistics.fmean(lifts) > LIFT, (lifts, logs)
