@@ -184,6 +184,16 @@ def trine(*args: str, **kwargs: Any) -> subprocess.Popen:
     )
 
 
+def wait_built(proc: subprocess.Popen, status: Path, limit: float = 120.0) -> None:
+    """Wait until explorer process ``proc`` is built and waits for the first weights (its ``status.json``):
+    under load an explorer's start-up can outlast a whole short run that the other explorer feeds alone."""
+    deadline = time.monotonic() + limit
+    while not status.is_file():
+        assert proc.poll() is None, f"the explorer ended early:\n{proc.stdout.read()}"
+        assert time.monotonic() < deadline, f"the explorer writing {status} was not built within {limit}s"
+        time.sleep(0.05)
+
+
 def served_url(server: subprocess.Popen, lines: list[str] | None = None, limit: float = 120.0) -> str:
     """The URL a ``trine serve`` child process (:func:`trine`) prints once it listens; each line it printed
     before is appended to ``lines``. Kills the server and names what it printed when it never says."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import jsonl_rows, run_status, trine, write_arithmetic_config
+from tests.helpers import jsonl_rows, run_status, trine, wait_built, write_arithmetic_config
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ SLACK = 15.0
 """Seconds allowed past ``wait_timeout`` for noticing, closing and exiting."""
 
 
-def _config(tmp_path: Path, model: Path, wait: float, steps: int = 40) -> Path:
+def _config(tmp_path: Path, model: Path, wait: float) -> Path:
     return write_arithmetic_config(
         tmp_path,
         model,
@@ -38,7 +38,7 @@ def _config(tmp_path: Path, model: Path, wait: float, steps: int = 40) -> Path:
             "mode": "async",
             "launch": "processes",
             "num_threads": 1,
-            "tasks": {"batch_size": 2, "total_steps": steps, "train": {"repeat": 2}},
+            "tasks": {"batch_size": 2, "total_steps": 40, "train": {"repeat": 2}},
             "buffer": {"storage": "sql", "max_staleness": 1},  # explorers wait for the trainer's steps
             "trainer": {"save_every": 2},
             "explorer": {"instances": 2},
@@ -47,10 +47,14 @@ def _config(tmp_path: Path, model: Path, wait: float, steps: int = 40) -> Path:
     )
 
 
-def _start(config: Path) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
-    trainer = trine("train", str(config))
+def _start(config: Path, built_first: bool = False) -> tuple[subprocess.Popen, list[subprocess.Popen]]:
+    """The trainer and two explorers; ``built_first``: the trainer starts once both explorers are built
+    (under load one explorer's start-up outlasted a 6-step run that the other fed alone)."""
     explorers = [trine("explore", str(config), "--explorer-id", str(i), "--explorers", "2") for i in (0, 1)]
-    return trainer, explorers
+    if built_first:
+        for i, proc in enumerate(explorers):
+            wait_built(proc, config.with_suffix("") / "explorers" / str(i) / "status.json")
+    return trine("train", str(config)), explorers
 
 
 def _wait_for_steps(run_dir: Path, procs: list[subprocess.Popen], steps: int, limit: float = 240.0) -> None:
@@ -117,8 +121,8 @@ def test_explorers_stop_when_the_trainer_is_killed(tmp_path, tiny_model_dir):
 
 
 def test_explorers_go_on_with_a_trainer_restarted_in_time(tmp_path, tiny_model_dir):
-    run_dir, config = tmp_path / "live", _config(tmp_path, tiny_model_dir, wait=60.0, steps=6)
-    trainer, explorers = _start(config)
+    run_dir, config = tmp_path / "live", _config(tmp_path, tiny_model_dir, wait=60.0)
+    trainer, explorers = _start(config, built_first=True)
     try:
         _wait_for_steps(run_dir, [trainer, *explorers], 2)
         _kill(trainer)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import jsonl_rows, trine, write_arithmetic_config
+from tests.helpers import jsonl_rows, trine, wait_built, write_arithmetic_config
 from trine.trainer.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -71,16 +71,6 @@ def _freeze_trainer_mid_run(trainer: subprocess.Popen, run_dir: Path, limit: flo
     raise AssertionError(f"the trainer did not reach step 3 with explorer 0 producing within {limit}s")
 
 
-def _wait_built(proc: subprocess.Popen, status: Path, limit: float = 120.0) -> None:
-    """Wait until explorer ``proc`` is built and waits for the first weights (its ``status.json``): under
-    load its start-up can outlast the whole 10-step run that the other explorer alone can feed."""
-    deadline = time.monotonic() + limit
-    while not status.is_file():
-        assert proc.poll() is None, f"the explorer ended early:\n{proc.stdout.read()}"
-        assert time.monotonic() < deadline, f"explorer 0 was not built within {limit}s"
-        time.sleep(0.05)
-
-
 def _rows(path: Path) -> list[dict]:
     return jsonl_rows(path) if path.is_file() else []
 
@@ -88,7 +78,7 @@ def _rows(path: Path) -> list[dict]:
 def test_kill_9_the_trainer_and_an_explorer_then_restart_them(tmp_path, tiny_model_dir):
     config, run_dir = _config(tmp_path, tiny_model_dir), tmp_path / "procs"
     first = _explorer(config, 0)  # before the trainer: it waits for the first published weights
-    _wait_built(first, run_dir / "explorers" / "0" / "status.json")
+    wait_built(first, run_dir / "explorers" / "0" / "status.json")
     trainer = trine("train", str(config))
     second = _explorer(config, 1)
     frozen_at = _freeze_trainer_mid_run(trainer, run_dir)
