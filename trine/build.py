@@ -231,12 +231,12 @@ def process_sync(cfg: RunConfig, run_dir: Path, role: str) -> Any:
     s = cfg.sync
     if cfg.sync_method == "published":  # an engine on a server loads the published weights itself
         return PublishedWeights(run_dir / "weights", keep=s.keep, load=engine_weights(cfg) != "server")
-    from trine.sync.broadcast import BroadcastReceiver, BroadcastSender
+    from trine.sync.broadcast import BroadcastReceiver, BroadcastSender, host_port
     from trine.sync.rendezvous import read_address, recorded_address, write_address
 
     if role == "trainer":
-        host, _, port = (s.address or "127.0.0.1:0").rpartition(":")
-        sender = BroadcastSender(host, int(port), s.bucket_mb, s.broadcast_backend, s.broadcast_timeout)
+        host, port = host_port(s.address or "127.0.0.1:0")
+        sender = BroadcastSender(host, port, s.bucket_mb, s.broadcast_backend, s.broadcast_timeout)
         if s.address is None:
             write_address(run_dir / "weights", sender.address)
         return sender

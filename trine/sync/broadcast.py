@@ -101,7 +101,8 @@ def _key(generation: int, what: str) -> str:
     return f"trine/g{generation}/{what}"
 
 
-def _host_port(address: str) -> tuple[str, int]:
+def host_port(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``host:port``; a ValueError naming ``sync.address`` otherwise."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"sync.address={address!r}: expected host:port, e.g. 10.0.0.1:29600")
@@ -482,7 +483,7 @@ class BroadcastReceiver:
         timeout: float = 60.0,
         find: Callable[[], str | None] | None = None,
     ) -> None:
-        self.host, self.port = _host_port(address)
+        self.host, self.port = host_port(address)
         if backend != "auto":
             resolve_backend(backend)  # nccl without CUDA fails here, not in the thread
         self.name, self.backend, self.find = name, backend, find
@@ -520,7 +521,7 @@ class BroadcastReceiver:
         address = self.find() if self.find is not None else None
         if address is None or address == f"{self.host}:{self.port}":
             return
-        host, port = _host_port(address)
+        host, port = host_port(address)
         log.info("weight broadcast: the trainer now listens at %s (was %s:%d)", address, self.host, self.port)
         with self.cond:
             self.host, self.port = host, port
